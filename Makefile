@@ -1,0 +1,57 @@
+# Flywheel: every target creates the virtual environment first when it is missing.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: venv run test test-fast lint format proto proto-check bench up helm-check clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --disable-pip-version-check -q -e '.[dev]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+## run: train the tiny embedded model end to end (runs/demo/latest)
+run: venv
+	$(VENV)/bin/flywheel run --config examples/demo.yaml
+
+## test: the whole suite (unit, integration, e2e) with real Redis and gRPC servers
+test: venv
+	$(PY) tools/gen_proto.py --check
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+## test-fast: unit tests only
+test-fast: venv
+	$(PY) -m pytest tests -m "not integration and not e2e and not slow" $(PYTEST_ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check services tests benchmarks tools
+	$(VENV)/bin/ruff format --check services tests benchmarks tools
+	$(VENV)/bin/mypy services/common/config services/trainer/algorithms
+
+format: venv
+	$(VENV)/bin/ruff format services tests benchmarks tools
+	$(VENV)/bin/ruff check --fix services tests benchmarks tools
+
+## proto: regenerate the gRPC stubs into flywheel_proto/
+proto: venv
+	$(PY) tools/gen_proto.py
+
+proto-check: venv
+	$(PY) tools/gen_proto.py --check
+
+## bench: every benchmark, one JSON line each
+bench: venv
+	@for b in benchmarks/*.py; do $(PY) $$b || exit 1; done
+
+## up: the single-node stack with docker compose
+up:
+	docker compose up --build
+
+helm-check: venv
+	$(PY) tools/helm_check.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

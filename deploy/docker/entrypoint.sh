@@ -1,0 +1,43 @@
+#!/bin/sh
+# Starts one Flywheel service in a container: `entrypoint.sh <service> [extra args]`.
+#
+# Why a script and not a bare `python -m`: the same image serves four services, and each
+# is configured the same way everywhere (compose, Helm, a plain `docker run`):
+#   FLYWHEEL_CONFIG     a mounted YAML file (default /etc/flywheel/flywheel.yaml); when the
+#                       file is absent the service runs on its embedded defaults.
+#   FLYWHEEL_OVERRIDES  whitespace-separated dotted overrides (`buffer.redis_url=...`),
+#                       applied after the file, so an environment can change one key
+#                       without a new config file.
+#   FLYWHEEL_TORCHRUN   (trainer only) when "1", run the trainer under torchrun with the
+#                       rendezvous taken from FLYWHEEL_NNODES / FLYWHEEL_NPROC_PER_NODE /
+#                       FLYWHEEL_NODE_RANK / MASTER_ADDR / MASTER_PORT (the Helm chart's
+#                       StatefulSet sets them).
+set -eu
+
+service="${1:-${FLYWHEEL_SERVICE:-}}"
+[ "$#" -gt 0 ] && shift
+case "$service" in
+  buffer|reward|rollout|trainer) ;;
+  *)
+    echo "entrypoint: unknown service '${service}'; expected one of: buffer reward rollout trainer" >&2
+    exit 64
+    ;;
+esac
+
+config="${FLYWHEEL_CONFIG:-/etc/flywheel/flywheel.yaml}"
+if [ -f "$config" ]; then
+  set -- --config "$config" "$@"
+fi
+
+# Word splitting of FLYWHEEL_OVERRIDES is intended: one override per word.
+# shellcheck disable=SC2086
+if [ "$service" = "trainer" ] && [ "${FLYWHEEL_TORCHRUN:-0}" = "1" ]; then
+  exec torchrun \
+    --nnodes="${FLYWHEEL_NNODES:-1}" \
+    --nproc-per-node="${FLYWHEEL_NPROC_PER_NODE:-1}" \
+    --node-rank="${FLYWHEEL_NODE_RANK:-0}" \
+    --master-addr="${MASTER_ADDR:-127.0.0.1}" \
+    --master-port="${MASTER_PORT:-29500}" \
+    -m services.trainer "$@" ${FLYWHEEL_OVERRIDES:-}
+fi
+exec python -m "services.${service}" "$@" ${FLYWHEEL_OVERRIDES:-}

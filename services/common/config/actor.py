@@ -1,0 +1,410 @@
+"""Policy, critic and reference model blocks: AReaL's `PPOActorConfig` family.
+
+Field names and defaults are AReaL's (inclusionAI/AReaL `areal/api/cli_args.py`) so that
+an AReaL YAML carries over; the few Flywheel additions are marked "Flywheel:" in their
+docstrings, and the few deliberate default differences are listed in
+`tests/common/config/test_defaults.py` with the reason for each.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from ._base import FlywheelModel
+
+NormLevel = Literal["batch", "group"] | None
+DType = Literal["float32", "bfloat16", "float16"]
+ProxLogpMethod = Literal["recompute", "loglinear", "linear", "metrics", "reuse_train_logp"]
+LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+
+
+class NormConfig(FlywheelModel):
+    """Mean/std normalisation of rewards or advantages (`reward_norm`, `adv_norm`)."""
+
+    mean_level: NormLevel = "batch"
+    """Where the mean is taken: over the whole batch, within each prompt group, or
+    nowhere (null: no centring)."""
+
+    mean_leave1out: bool = False
+    """Centre each sample on the mean of the *other* samples of its batch/group (RLOO)."""
+
+    std_level: NormLevel = "batch"
+    """Where the standard deviation is taken: batch, group, or null (no scaling;
+    Dr.GRPO removes it to avoid favouring easy/hard prompts)."""
+
+    std_unbiased: bool = True
+    """Use the unbiased (n-1) standard deviation."""
+
+    eps: float = Field(default=1e-5, gt=0.0)
+    """Added to the standard deviation before dividing, so constant groups do not explode."""
+
+    group_size: int = Field(default=1, ge=1)
+    """Group size used only when the batch carries no group metadata (fallback)."""
+
+
+class MicroBatchSpec(FlywheelModel):
+    """How one minibatch is split into micro-batches for forward/backward."""
+
+    n_mbs: int | None = Field(default=1, ge=1)
+    """Number of micro-batches; the minimum number when `max_tokens_per_mb` is set."""
+
+    granularity: int = Field(default=1, ge=1)
+    """Adjacent sequences are kept together in units of this size when splitting
+    (set it to the group size to keep groups whole)."""
+
+    max_tokens_per_mb: int | None = Field(default=None, ge=1)
+    """Most tokens in one micro-batch; bounds activation memory for long sequences."""
+
+    n_mbs_divisor: int = Field(default=1, ge=1)
+    """The final number of micro-batches is rounded up to a multiple of this."""
+
+    packing_algorithm: Literal["ffd", "kk"] = "ffd"
+    """Bin packing of sequences into micro-batches: first-fit-decreasing or
+    Karmarkar-Karp (better balance across ranks, a little slower)."""
+
+
+class OptimizerConfig(FlywheelModel):
+    """AdamW/SGD settings and the learning-rate schedule."""
+
+    type: Literal["adam", "sgd", "adam_bf16"] = "adam"
+    """Optimizer: AdamW, plain SGD, or AdamW with bf16 states (needs FSDP)."""
+
+    lr: float = Field(default=1e-3, gt=0.0)
+    """Peak learning rate."""
+
+    weight_decay: float = Field(default=0.01, ge=0.0)
+    """Decoupled weight decay."""
+
+    beta1: float = Field(default=0.9, ge=0.0, lt=1.0)
+    """Adam first-moment decay."""
+
+    beta2: float = Field(default=0.999, ge=0.0, lt=1.0)
+    """Adam second-moment decay."""
+
+    eps: float = Field(default=1e-8, gt=0.0)
+    """Adam denominator epsilon."""
+
+    min_lr_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Learning rate at the end of annealing, as a fraction of `lr`."""
+
+    lr_scheduler_type: Literal["linear", "cosine", "constant"] = "constant"
+    """Shape of the schedule after warm-up."""
+
+    warmup_steps_proportion: float = Field(default=0.001, ge=0.0, le=1.0)
+    """Fraction of the total steps spent warming up (ignored when `warmup_steps` is set)."""
+
+    warmup_steps: int | None = Field(default=None, ge=0)
+    """Fixed number of warm-up steps; takes precedence over the proportion."""
+
+    offload: bool = False
+    """Keep optimizer states on CPU."""
+
+    initial_loss_scale: float = 2.0**32
+    """Initial dynamic loss scale (fp16 only)."""
+
+    min_loss_scale: float = 1.0
+    """Smallest dynamic loss scale (fp16 only)."""
+
+    loss_scale_window: float = 5
+    """Steps without overflow before the loss scale grows (fp16 only)."""
+
+    hysteresis: int = 2
+    """Overflows tolerated before the loss scale shrinks (fp16 only)."""
+
+    gradient_clipping: float = Field(default=1.0, ge=0.0)
+    """Global gradient-norm clip; 0 disables clipping."""
+
+
+class FSDPWrapPolicy(FlywheelModel):
+    """Which module classes become FSDP units."""
+
+    transformer_layer_cls_to_wrap: list[str] | None = None
+    """Class names to shard as units; null means the model's decoder layer class."""
+
+
+class FSDPEngineConfig(FlywheelModel):
+    """FSDP2 (`fully_shard`) options of a training engine."""
+
+    wrap_policy: FSDPWrapPolicy | None = None
+    """Layer wrapping; null shards each transformer decoder layer."""
+
+    offload_params: bool = False
+    """Keep sharded parameters on CPU between uses."""
+
+    memory_efficient_load: bool = False
+    """Only rank 0 reads the checkpoint; the others receive shards after sharding."""
+
+
+class TrainEngineConfig(FlywheelModel):
+    """A model that the trainer holds: where it comes from and how it is run.
+
+    Used as is for the reference model (`ref`) and as the base of the actor and critic.
+    """
+
+    experiment_name: str | None = None
+    """Accepted for AReaL compatibility; the root `experiment_name` is what Flywheel uses."""
+
+    trial_name: str | None = None
+    """Accepted for AReaL compatibility; the root `trial_name` is what Flywheel uses."""
+
+    path: str = ""
+    """Hugging Face checkpoint directory or hub name; empty means the tiny model that
+    the launcher writes locally (embedded default)."""
+
+    attn_impl: str = "sdpa"
+    """transformers attention implementation. Flywheel: defaults to `sdpa` (AReaL:
+    `flash_attention_2`), which runs everywhere including CPU; set flash_attention_2
+    on GPUs that have flash-attn."""
+
+    init_from_scratch: bool = False
+    """Randomly initialise the weights instead of loading them."""
+
+    is_critic: bool = False
+    """The model has a scalar value head instead of the LM head."""
+
+    temperature: float = Field(default=1.0, gt=0.0)
+    """Logits are divided by this before log-probabilities are taken; must equal
+    `gconfig.temperature` so that π_θ and π_behave are the same distribution family."""
+
+    logprobs_chunk_size: int = Field(default=1024, ge=1)
+    """Tokens per chunk when log-probabilities and entropy are computed (bounds memory)."""
+
+    mb_spec: MicroBatchSpec = Field(default_factory=MicroBatchSpec)
+    """Micro-batch splitting of each forward/backward."""
+
+    pad_to_maximum: bool = False
+    """Pad every micro-batch to the `mb_spec` bound (less fragmentation, slower)."""
+
+    disable_dropout: bool = False
+    """Turn dropout off while training (RL wants π_θ deterministic given the weights)."""
+
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward to save memory."""
+
+    dtype: DType = "bfloat16"
+    """Compute dtype of forward/backward."""
+
+    grad_reduce_dtype: DType = "float32"
+    """Dtype of gradient reduction across data-parallel ranks."""
+
+    optimizer_dtype: Literal["float32", "bfloat16"] = "float32"
+    """Storage dtype of parameters and optimizer states (fp32 master weights by default)."""
+
+    optimizer: OptimizerConfig | None = None
+    """Optimizer; null means the model is not trained (reference models)."""
+
+    fsdp: FSDPEngineConfig = Field(default_factory=FSDPEngineConfig)
+    """FSDP2 options."""
+
+    offload: bool = False
+    """Offload parameters and optimizer states to CPU between steps."""
+
+    use_lora: bool = False
+    """Train LoRA adapters instead of the full weights."""
+
+    lora_rank: int = Field(default=32, ge=1)
+    """LoRA rank."""
+
+    lora_alpha: int = Field(default=16, ge=1)
+    """LoRA scaling alpha."""
+
+    target_modules: list[str] = Field(default_factory=list)
+    """Module names that get LoRA adapters."""
+
+    peft_type: Literal["lora"] = "lora"
+    """PEFT method; only LoRA."""
+
+
+class RejectionSamplingConfig(FlywheelModel):
+    """Filter or truncate tokens whose behaviour policy is too far from π_prox.
+
+    IcePop is `metric: ratio` with `lower`/`upper` around 1; KPop is `metric: binary_kl`.
+    Only used with `use_decoupled_loss: true` (it acts on π_prox/π_behave).
+    """
+
+    level: Literal["token", "sequence"] = "token"
+    """Judge each token alone, or whole sequences (all tokens share the verdict; with
+    `metric: ratio` the correction weight is then the sequence geometric mean)."""
+
+    action: Literal["mask", "clamp"] = "mask"
+    """`mask`: drop offending tokens/sequences from the loss; `clamp`: keep them with the
+    importance weight clamped to [lower, upper] (ratio metric only)."""
+
+    metric: Literal["ratio", "kl_k1", "kl_k2", "kl_k3", "binary_kl"] = "ratio"
+    """Divergence compared with the bounds: the ratio π_prox/π_behave, the k1/k2/k3 KL
+    estimators of log r, or the symmetric binary KL between the two token probabilities
+    (KPop)."""
+
+    agg: Literal["sum", "mean", "max"] = "mean"
+    """Aggregation over a sequence's tokens when `level: sequence` (log space for ratio)."""
+
+    upper: float = 5.0
+    """Upper bound: larger metric values are rejected (ratio: > 1; KL: >= 0)."""
+
+    lower: float | None = None
+    """Optional lower bound (ratio: in (0, 1)); `clamp` uses 0 when unset."""
+
+
+class PPOActorConfig(TrainEngineConfig):
+    """The policy and everything that turns rewards into its loss.
+
+    A preset (GRPO, Dr.GRPO, DAPO, GSPO, SAPO, CISPO, IcePop, KPop, M2PO, ...) is a
+    combination of these fields; see `examples/`.
+    """
+
+    group_size: int = Field(default=1, ge=1)
+    """Samples per prompt group as the trainer sees it (normally `gconfig.n_samples`)."""
+
+    ppo_n_minibatches: int = Field(default=4, ge=1)
+    """Optimizer steps per training batch; the batch is split into this many minibatches."""
+
+    eps_clip: float = Field(default=0.2, gt=0.0)
+    """PPO clip ε: the ratio is clipped to [1-ε, 1+ε] (lower bound when
+    `eps_clip_higher` is set)."""
+
+    eps_clip_higher: float | None = None
+    """Upper clip ε (DAPO clip-higher); null means symmetric `eps_clip`."""
+
+    c_clip: float | None = None
+    """Dual-clip bound (> 1) for negative advantages; null disables dual clipping."""
+
+    m2_threshold: float | None = None
+    """M2PO: mask tokens until the second moment of log-ratios is below this; null disables."""
+
+    reward_norm: NormConfig | None = None
+    """Normalisation of scalar rewards before advantages; null leaves them as they are."""
+
+    reward_scaling: float = 1.0
+    """Rewards are multiplied by this (after the bias)."""
+
+    reward_bias: float = 0.0
+    """Added to rewards before scaling."""
+
+    reward_clip: float = Field(default=20.0, gt=0.0)
+    """Rewards are clipped to [-reward_clip, reward_clip]."""
+
+    overlong_reward_penalty: bool = False
+    """DAPO soft overlong punishment on completions longer than
+    `max_new_tokens - overlong_tokens`."""
+
+    overlong_tokens: int | None = Field(default=None, ge=1)
+    """Length of the tail (in tokens) in which the overlong penalty ramps up."""
+
+    overlong_penalty_factor: float | None = Field(default=None, ge=0.0)
+    """Largest overlong penalty, reached at `max_new_tokens`."""
+
+    mask_no_eos_with_zero: bool = False
+    """Exclude truncated completions (no EOS, from the trajectory's `no_eos` flag) from the loss."""
+
+    discount: float = Field(default=1.0, ge=0.0, le=1.0)
+    """GAE discount γ."""
+
+    gae_lambda: float | str = 1.0
+    """GAE λ: a number in [0, 1], or the dotted path of a function that returns one λ
+    per trajectory (built-ins: `constant`, `vapo_length_adaptive`, `relative_position`)."""
+
+    gae_lambda_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the λ function; free-form (ignored for a numeric λ)."""
+
+    gae_timestep_unit: Literal["token", "turn"] = "token"
+    """GAE steps per token, or once per generated turn (multi-turn, uses `turn_ids`)."""
+
+    adv_norm: NormConfig | None = None
+    """Normalisation of advantages after GAE; null leaves them as they are."""
+
+    min_usable_group_size: int | None = Field(default=None, ge=1)
+    """Fewest surviving samples a group needs to be trained on after failures/filters;
+    null: 2 when a norm works at group level, else 1."""
+
+    kl_ctl: float = Field(default=0.1, ge=0.0)
+    """Coefficient of the KL penalty against the reference model (`ref`). Flywheel: > 0
+    requires a `ref` with a path (AReaL silently turns it into a surprisal bonus)."""
+
+    kl_estimator: Literal["k1", "k2", "k3"] = "k1"
+    """KL estimator used for the reward penalty."""
+
+    use_sapo_loss: bool = False
+    """SAPO: replace the hard clip by soft sigmoid gates."""
+
+    sapo_tau_pos: float = 1.0
+    """SAPO gate temperature for positive advantages (> 0)."""
+
+    sapo_tau_neg: float = 1.05
+    """SAPO gate temperature for negative advantages (> 0)."""
+
+    use_cispo_loss: bool = False
+    """CISPO: stop-gradient clipped importance weight × advantage × log π_θ on every token;
+    needs `eps_clip_higher`."""
+
+    recompute_logprob: bool = False
+    """Recompute log-probabilities with the trainer's weights before the update (π_prox)."""
+
+    use_decoupled_loss: bool = False
+    """Decoupled PPO: clip π_θ/π_prox and weight by π_prox/π_behave (see
+    `decoupled_correction`); implies a π_prox from `prox_logp_method`."""
+
+    decoupled_correction: Literal["behave_imp_weight", "none"] = "behave_imp_weight"
+    """Flywheel: with the decoupled loss, multiply each token's loss by π_prox/π_behave
+    (`behave_imp_weight`). `none` drops it and must be chosen explicitly (an ablation):
+    Flywheel never drops it on its own."""
+
+    rejection_sampling: RejectionSamplingConfig | None = None
+    """Filtering/truncation of stale tokens by π_prox vs π_behave; null disables.
+    Replaces AReaL's removed `behave_imp_weight_cap`/`behave_imp_weight_mode`."""
+
+    importance_sampling_level: Literal["token", "sequence"] = "token"
+    """Per-token ratios (PPO) or one geometric-mean ratio per sequence (GSPO)."""
+
+    prox_logp_method: ProxLogpMethod = "recompute"
+    """How π_prox is obtained with the decoupled loss: a forward pass (`recompute`),
+    version-aware interpolation (`loglinear`, `linear`), both with error stats
+    (`metrics`), or the training forward itself (`reuse_train_logp`, one minibatch)."""
+
+    loss_agg_mode: LossAggMode = "token-mean"
+    """Flywheel: how token losses become one number: mean over all tokens of the batch
+    (AReaL), mean of per-sequence means, or per-sequence sums divided by a constant
+    (`loss_agg_norm`, Dr.GRPO)."""
+
+    loss_agg_norm: float | None = Field(default=None, gt=0.0)
+    """Flywheel: the constant divisor of `seq-mean-token-sum-norm`; null uses
+    `max_new_tokens`."""
+
+    dynamic_sampling: bool = False
+    """DAPO dynamic sampling: drop groups whose rewards are all equal (variable batch size)."""
+
+    should_accept_fn: str | None = None
+    """Flywheel: dotted path of `fn(group) -> bool` deciding which groups are kept
+    (`dapo_equal_rewards` is built in); null keeps every group."""
+
+    log_agent_stats: bool = False
+    """Log per-agent statistics of multi-turn trajectories."""
+
+    log_agent_stats_keys: list[str] = Field(default_factory=list)
+    """Metadata keys logged when `log_agent_stats` is on."""
+
+    max_new_tokens: int = Field(default=1024, ge=1)
+    """Generation length limit as the trainer sees it (overlong penalty, Dr.GRPO norm)."""
+
+
+class PPOCriticConfig(TrainEngineConfig):
+    """The value model of PPO (with GAE); absent for critic-free methods like GRPO."""
+
+    is_critic: bool = True
+    """A value head instead of the LM head (Flywheel: true by default in this block)."""
+
+    ppo_n_minibatches: int = Field(default=4, ge=1)
+    """Value-update steps per training batch."""
+
+    eps_clip: float = Field(default=0.5, gt=0.0)
+    """Value clipping: new values are kept within ±eps_clip of the old ones."""
+
+    mask_no_eos_with_zero: bool = False
+    """Exclude truncated completions from the value loss."""
+
+    value_loss: Literal["mse", "huber"] = "mse"
+    """Flywheel: value loss, squared error (AReaL) or Huber."""
+
+    huber_delta: float = Field(default=1.0, gt=0.0)
+    """Flywheel: Huber transition point (only with `value_loss: huber`)."""

@@ -1,0 +1,92 @@
+"""Rollout block: AReaL's `InferenceEngineConfig` names plus Flywheel's engine choice."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from ._base import FlywheelModel
+
+
+class SGLangServerConfig(FlywheelModel):
+    """How a rollout replica reaches its SGLang server (engine `sglang`)."""
+
+    url: str | None = None
+    """Base URL of a running SGLang server (`http://host:port`); null means the rollout
+    launches one itself with `launch_args`."""
+
+    launch_args: dict[str, Any] = Field(default_factory=dict)
+    """Extra `sglang.launch_server` arguments (e.g. `mem_fraction_static: 0.8`);
+    free-form, passed through as `--key value`."""
+
+    tp_size: int = Field(default=1, ge=1)
+    """Tensor-parallel size of a launched server."""
+
+    startup_timeout: float = Field(default=600.0, gt=0.0)
+    """Seconds to wait for a launched server to answer /health."""
+
+
+class RolloutConfig(FlywheelModel):
+    """Generation service: concurrency, staleness budget, workflow and engine."""
+
+    max_concurrent_rollouts: int | None = Field(default=None, ge=1)
+    """Most prompts (groups) in flight at once per replica; null means
+    `consumer_batch_size`."""
+
+    queue_size: int | None = Field(default=None, ge=1)
+    """Capacity of the rollout's input/output queues; null derives it from concurrency."""
+
+    consumer_batch_size: int = Field(default=1, ge=1)
+    """Groups the trainer consumes per step; the unit of the staleness budget."""
+
+    max_head_offpolicyness: int = Field(default=0, ge=0)
+    """Most versions a group's oldest token may lag the trainer; 0 is synchronous RL."""
+
+    enable_rollout_tracing: bool = False
+    """Log every generation request (debugging)."""
+
+    check_trajectory_format: bool = False
+    """Validate every trajectory a custom workflow returns (debugging a workflow)."""
+
+    schedule_policy: Literal["round_robin"] = "round_robin"
+    """How requests are spread over generation servers."""
+
+    setup_timeout: float = Field(default=120.0, gt=0.0)
+    """Seconds to wait for engines/servers to come up."""
+
+    request_timeout: float = Field(default=3600.0, gt=0.0)
+    """Seconds one generation request may take."""
+
+    request_retries: int = Field(default=3, ge=0)
+    """Retries of a failed generation request."""
+
+    pause_grace_period: float = Field(default=0.0, ge=0.0)
+    """Seconds to wait after pausing generation before weights are applied."""
+
+    engine: Literal["torch", "sglang"] = "torch"
+    """Flywheel: generation engine, in-process torch (CPU, tests) or an SGLang server."""
+
+    workflow: str = "rlvr"
+    """Flywheel: workflow by registered name (`rlvr`, `multi_turn`) or dotted path."""
+
+    workflow_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Flywheel: extra keyword arguments of the workflow; free-form."""
+
+    n_replicas: int = Field(default=1, ge=1)
+    """Flywheel: rollout replicas; replica i serves on `services.rollout.port + i`."""
+
+    max_turns: int = Field(default=1, ge=1)
+    """Flywheel: most assistant turns of a multi-turn workflow."""
+
+    turn_discount: float = Field(default=1.0, ge=0.0, le=1.0)
+    """Flywheel: reward discount per extra turn in the multi-turn workflow."""
+
+    sglang: SGLangServerConfig = Field(default_factory=SGLangServerConfig)
+    """Flywheel: SGLang server settings (engine `sglang` only)."""
+
+    torch_max_batch_size: int = Field(default=16, ge=1)
+    """Flywheel: sequences decoded together by the torch engine."""
+
+    weight_update_timeout: float = Field(default=600.0, gt=0.0)
+    """Flywheel: seconds a replica may take to apply new weights before it is reported."""

