@@ -21,7 +21,7 @@ WEIGHT_TRANSPORT_DISTRIBUTED: WeightTransport
 WEIGHT_TRANSPORT_GRPC: WeightTransport
 
 class SamplingParams(_message.Message):
-    __slots__ = ("temperature", "top_p", "top_k", "greedy", "max_new_tokens", "min_new_tokens", "max_tokens", "stop_token_ids", "stop", "seed", "n_samples")
+    __slots__ = ("temperature", "top_p", "top_k", "greedy", "max_new_tokens", "min_new_tokens", "max_tokens", "stop_token_ids", "stop", "seed", "n_samples", "ignore_eos", "frequency_penalty", "skip_special_tokens", "has_seed")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +33,10 @@ class SamplingParams(_message.Message):
     STOP_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     N_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
+    FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    SKIP_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    HAS_SEED_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_p: float
     top_k: int
@@ -44,7 +48,11 @@ class SamplingParams(_message.Message):
     stop: _containers.RepeatedScalarFieldContainer[str]
     seed: int
     n_samples: int
-    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., greedy: _Optional[bool] = ..., max_new_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., stop: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ..., n_samples: _Optional[int] = ...) -> None: ...
+    ignore_eos: bool
+    frequency_penalty: float
+    skip_special_tokens: bool
+    has_seed: bool
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., greedy: _Optional[bool] = ..., max_new_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., stop: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ..., n_samples: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., frequency_penalty: _Optional[float] = ..., skip_special_tokens: _Optional[bool] = ..., has_seed: _Optional[bool] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("request_id", "prompts", "prompt_ids", "sampling")
@@ -177,7 +185,7 @@ class PauseRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ...) -> None: ...
 
 class RolloutStats(_message.Message):
-    __slots__ = ("version", "requests_in_flight", "groups_produced", "tokens_generated", "paused", "rejected", "rollout_id")
+    __slots__ = ("version", "requests_in_flight", "groups_produced", "tokens_generated", "paused", "rejected", "rollout_id", "checksum", "draining", "weight_updates", "weight_updates_failed", "last_update_error", "engine")
     class RejectedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -192,6 +200,12 @@ class RolloutStats(_message.Message):
     PAUSED_FIELD_NUMBER: _ClassVar[int]
     REJECTED_FIELD_NUMBER: _ClassVar[int]
     ROLLOUT_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_UPDATES_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_UPDATES_FAILED_FIELD_NUMBER: _ClassVar[int]
+    LAST_UPDATE_ERROR_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
     version: int
     requests_in_flight: int
     groups_produced: int
@@ -199,4 +213,10 @@ class RolloutStats(_message.Message):
     paused: bool
     rejected: _containers.ScalarMap[str, int]
     rollout_id: str
-    def __init__(self, version: _Optional[int] = ..., requests_in_flight: _Optional[int] = ..., groups_produced: _Optional[int] = ..., tokens_generated: _Optional[int] = ..., paused: _Optional[bool] = ..., rejected: _Optional[_Mapping[str, int]] = ..., rollout_id: _Optional[str] = ...) -> None: ...
+    checksum: str
+    draining: bool
+    weight_updates: int
+    weight_updates_failed: int
+    last_update_error: str
+    engine: str
+    def __init__(self, version: _Optional[int] = ..., requests_in_flight: _Optional[int] = ..., groups_produced: _Optional[int] = ..., tokens_generated: _Optional[int] = ..., paused: _Optional[bool] = ..., rejected: _Optional[_Mapping[str, int]] = ..., rollout_id: _Optional[str] = ..., checksum: _Optional[str] = ..., draining: _Optional[bool] = ..., weight_updates: _Optional[int] = ..., weight_updates_failed: _Optional[int] = ..., last_update_error: _Optional[str] = ..., engine: _Optional[str] = ...) -> None: ...

@@ -1,14 +1,29 @@
-"""Shared base of every configuration block.
+"""Shared base of every configuration block and the error type of its rules.
 
-Every block forbids unknown keys (a typo must fail at load, not be ignored at step 300),
-takes the docstring written under each field as that field's description (so `--help`
-style tooling and error messages can show it), and re-validates on attribute
-assignment so a config mutated in code cannot drift out of its own rules.
+Every block forbids unknown keys (a typo must fail at load, not be ignored at step 300)
+and takes the docstring written under each field as that field's description, so error
+messages and tooling can show it. Cross-field rules raise `RuleViolation`, which carries
+the field, the bad value and the fix; the loader turns it into a `ConfigIssue` with the
+full dotted path.
 """
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 from pydantic import BaseModel, ConfigDict
+
+
+class RuleViolation(ValueError):
+    """A broken configuration rule: `field` (relative to the model that checks it, or a
+    full dotted path for root rules), the offending `value`, and a `message` that says
+    what is wrong and how to fix it."""
+
+    def __init__(self, field: str, value: Any, message: str):
+        self.field = field
+        self.value = value
+        self.message = message
+        super().__init__(f"{field} = {value!r}: {message}")
 
 
 class FlywheelModel(BaseModel):
@@ -17,6 +32,9 @@ class FlywheelModel(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
         use_attribute_docstrings=True,
-        validate_assignment=True,
         validate_default=True,
     )
+
+    legacy_keys: ClassVar[dict[str, str]] = {}
+    """Keys this block used to have (here or in AReaL), mapped to the migration text shown
+    when a file still uses them."""

@@ -8,16 +8,29 @@ docstrings, and the few deliberate default differences are listed in
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import math
+import warnings
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
-from ._base import FlywheelModel
+from ._base import FlywheelModel, RuleViolation
 
 NormLevel = Literal["batch", "group"] | None
 DType = Literal["float32", "bfloat16", "float16"]
 ProxLogpMethod = Literal["recompute", "loglinear", "linear", "metrics", "reuse_train_logp"]
 LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+
+_DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+_NULL_WORDS = {"none", "null", "~"}
+
+_REJECTION_SAMPLING_MIGRATION = (
+    "AReaL removed this key and Flywheel does not accept it; express the same filter "
+    "with `actor.rejection_sampling` (requires use_decoupled_loss: true). The old default "
+    "behave_imp_weight_cap=5 with token_mask is:\n"
+    "      rejection_sampling: {level: token, action: mask, metric: ratio, upper: 5.0}\n"
+    "    and *_truncate modes become action: clamp; sequence_* modes become level: sequence"
+)
 
 
 class NormConfig(FlywheelModel):
@@ -42,6 +55,26 @@ class NormConfig(FlywheelModel):
 
     group_size: int = Field(default=1, ge=1)
     """Group size used only when the batch carries no group metadata (fallback)."""
+
+    @field_validator("mean_level", "std_level", mode="before")
+    @classmethod
+    def _level(cls, value: Any, info: Any) -> Any:
+        # YAML users write `none`/`None` (AReaL's docs did); treat them as null.
+        if isinstance(value, str) and value.strip().lower() in _NULL_WORDS:
+            return None
+        if value not in ("batch", "group", None):
+            raise RuleViolation(
+                info.field_name,
+                value,
+                "normalisation level must be 'batch', 'group' or null (no "
+                f"{'centring' if info.field_name == 'mean_level' else 'scaling'})",
+            )
+        return value
+
+    @property
+    def uses_group_statistics(self) -> bool:
+        """Whether the mean or the std is taken per prompt group."""
+        return self.mean_level == "group" or self.std_level == "group"
 
 
 class MicroBatchSpec(FlywheelModel):
@@ -216,6 +249,14 @@ class TrainEngineConfig(FlywheelModel):
     peft_type: Literal["lora"] = "lora"
     """PEFT method; only LoRA."""
 
+    @field_validator("dtype", "grad_reduce_dtype", "optimizer_dtype", mode="before")
+    @classmethod
+    def _dtype_alias(cls, value: Any) -> Any:
+        # fp32/bf16/fp16 are what people type; store the torch names.
+        if isinstance(value, str):
+            return _DTYPE_ALIASES.get(value.strip().lower(), value)
+        return value
+
 
 class RejectionSamplingConfig(FlywheelModel):
     """Filter or truncate tokens whose behaviour policy is too far from π_prox.
@@ -245,6 +286,64 @@ class RejectionSamplingConfig(FlywheelModel):
 
     lower: float | None = None
     """Optional lower bound (ratio: in (0, 1)); `clamp` uses 0 when unset."""
+
+    @model_validator(mode="after")
+    def _bounds(self) -> RejectionSamplingConfig:
+        if not math.isfinite(self.upper):
+            raise RuleViolation("upper", self.upper, "must be a finite number")
+        if self.lower is not None and self.lower > self.upper:
+            raise RuleViolation(
+                "lower",
+                self.lower,
+                f"lower bound exceeds upper={self.upper}; set lower <= upper",
+            )
+        if self.metric == "ratio":
+            if self.upper <= 1.0:
+                raise RuleViolation(
+                    "upper",
+                    self.upper,
+                    "with metric 'ratio' the upper bound must be > 1 (at <= 1 every token "
+                    "whose policy moved at all is rejected); typical values are 2 or 5",
+                )
+            if self.lower is not None and not (0.0 <= self.lower < 1.0):
+                raise RuleViolation(
+                    "lower",
+                    self.lower,
+                    "with metric 'ratio' the lower bound must be in [0, 1) (a ratio is "
+                    "positive and 1 means no change); typical value 0.5",
+                )
+            if self.lower == 0.0 and self.action == "mask":
+                raise RuleViolation(
+                    "lower",
+                    self.lower,
+                    "a ratio is always > 0, so lower=0 masks nothing; use a positive "
+                    "lower bound or leave it null",
+                )
+        elif self.metric in ("kl_k2", "kl_k3", "binary_kl") and self.upper <= 0.0:
+            raise RuleViolation(
+                "upper",
+                self.upper,
+                f"metric '{self.metric}' is never negative, so the upper bound must be "
+                "> 0; typical values are 0.5 to 2",
+            )
+        if self.action == "clamp":
+            if self.metric != "ratio":
+                raise RuleViolation(
+                    "action",
+                    self.action,
+                    f"'clamp' truncates the importance ratio and only works with "
+                    f"metric 'ratio' (got metric '{self.metric}'); use action: mask",
+                )
+            if self.lower is None:
+                # Truncation keeps every token; an unset lower bound means "no floor".
+                self.__dict__["lower"] = 0.0
+        if self.level == "token" and self.agg != "mean":
+            warnings.warn(
+                f"rejection_sampling.agg={self.agg!r} has no effect with level 'token'",
+                UserWarning,
+                stacklevel=2,
+            )
+        return self
 
 
 class PPOActorConfig(TrainEngineConfig):
@@ -386,6 +485,191 @@ class PPOActorConfig(TrainEngineConfig):
 
     max_new_tokens: int = Field(default=1024, ge=1)
     """Generation length limit as the trainer sees it (overlong penalty, Dr.GRPO norm)."""
+
+    legacy_keys: ClassVar[dict[str, str]] = {
+        "behave_imp_weight_cap": _REJECTION_SAMPLING_MIGRATION,
+        "behav_imp_weight_cap": _REJECTION_SAMPLING_MIGRATION,
+        "behave_imp_weight_mode": _REJECTION_SAMPLING_MIGRATION,
+        "group_adv_norm": (
+            "removed in AReaL; write `adv_norm: {mean_level: group, std_level: group}` "
+            "for true, or leave adv_norm at batch level for false"
+        ),
+        "group_reward_norm": (
+            "removed in AReaL; write `reward_norm: {mean_level: group, std_level: group}` "
+            "for true, or `reward_norm: null` for false"
+        ),
+    }
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reject_legacy(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key, migration in cls.legacy_keys.items():
+                if key in data:
+                    raise RuleViolation(key, data[key], migration)
+        return data
+
+    @field_validator("gae_lambda", mode="before")
+    @classmethod
+    def _gae_lambda(cls, value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int | float | str):
+            raise RuleViolation(
+                "gae_lambda",
+                value,
+                "must be a number in [0, 1] or the dotted path of a λ function",
+            )
+        if isinstance(value, str):
+            text = value.strip()
+            try:
+                return float(text)
+            except ValueError:
+                pass
+            if not text:
+                raise RuleViolation("gae_lambda", value, "the λ function path is empty")
+            return text
+        if not 0.0 <= float(value) <= 1.0:
+            raise RuleViolation("gae_lambda", value, "a numeric λ must be in [0, 1]")
+        return float(value)
+
+    @model_validator(mode="after")
+    def _rules(self) -> PPOActorConfig:
+        self._check_clipping()
+        self._check_surrogates()
+        self._check_decoupled()
+        self._check_rewards_and_advantages()
+        return self
+
+    def _check_clipping(self) -> None:
+        if self.eps_clip_higher is not None and self.eps_clip_higher <= 0:
+            raise RuleViolation(
+                "eps_clip_higher", self.eps_clip_higher, "must be > 0, or null for symmetric clip"
+            )
+        if self.c_clip is not None and self.c_clip <= 1.0:
+            raise RuleViolation(
+                "c_clip",
+                self.c_clip,
+                "the dual-clip bound must be > 1 (it caps the loss of negative advantages "
+                "at c_clip × advantage); typical value 3, or null to disable",
+            )
+        if self.m2_threshold is not None and self.m2_threshold <= 0:
+            raise RuleViolation(
+                "m2_threshold",
+                self.m2_threshold,
+                "must be > 0 (e.g. 0.04), or null to disable M2PO",
+            )
+
+    def _check_surrogates(self) -> None:
+        if self.use_sapo_loss:
+            for name in ("sapo_tau_pos", "sapo_tau_neg"):
+                tau = getattr(self, name)
+                if not tau > 0:
+                    raise RuleViolation(
+                        name, tau, "SAPO gate temperatures must be > 0 (defaults 1.0 and 1.05)"
+                    )
+            if self.use_decoupled_loss:
+                raise RuleViolation(
+                    "use_sapo_loss",
+                    True,
+                    "SAPO cannot be combined with use_decoupled_loss=true (its soft gate has "
+                    "no proximal policy); set use_decoupled_loss: false",
+                )
+        if self.use_cispo_loss:
+            if self.use_sapo_loss:
+                raise RuleViolation(
+                    "use_cispo_loss",
+                    True,
+                    "CISPO and SAPO are alternative surrogates; enable at most one of "
+                    "use_cispo_loss / use_sapo_loss",
+                )
+            if self.eps_clip_higher is None:
+                raise RuleViolation(
+                    "eps_clip_higher",
+                    None,
+                    "CISPO needs an upper clip of its importance weight; set eps_clip_higher "
+                    "(e.g. eps_clip: 1.0, eps_clip_higher: 4.0)",
+                )
+            if self.importance_sampling_level != "token":
+                raise RuleViolation(
+                    "importance_sampling_level",
+                    self.importance_sampling_level,
+                    "CISPO is defined per token only; set importance_sampling_level: token",
+                )
+
+    def _check_decoupled(self) -> None:
+        if self.prox_logp_method == "reuse_train_logp" and self.ppo_n_minibatches > 1:
+            raise RuleViolation(
+                "ppo_n_minibatches",
+                self.ppo_n_minibatches,
+                "prox_logp_method 'reuse_train_logp' reuses the first training forward as "
+                "π_prox, which is only the pre-update policy with one minibatch; set "
+                "ppo_n_minibatches: 1 or choose prox_logp_method: recompute",
+            )
+        if not self.use_decoupled_loss:
+            if self.rejection_sampling is not None:
+                raise RuleViolation(
+                    "rejection_sampling",
+                    self.rejection_sampling.model_dump(),
+                    "acts on π_prox/π_behave, which exists only with the decoupled loss; "
+                    "set use_decoupled_loss: true or rejection_sampling: null",
+                )
+            if self.prox_logp_method != "recompute":
+                raise RuleViolation(
+                    "prox_logp_method",
+                    self.prox_logp_method,
+                    "only applies with use_decoupled_loss: true; enable it or leave the "
+                    "method at 'recompute'",
+                )
+            if self.decoupled_correction != "behave_imp_weight":
+                raise RuleViolation(
+                    "decoupled_correction",
+                    self.decoupled_correction,
+                    "only applies with use_decoupled_loss: true",
+                )
+        elif self.prox_logp_method in ("recompute", "metrics") and not self.recompute_logprob:
+            # AReaL turns this on implicitly; Flywheel writes it into the resolved
+            # config so `--dry-run` shows where π_prox comes from.
+            self.__dict__["recompute_logprob"] = True
+
+    def _check_rewards_and_advantages(self) -> None:
+        if self.overlong_reward_penalty:
+            if self.overlong_tokens is None or self.overlong_penalty_factor is None:
+                raise RuleViolation(
+                    "overlong_reward_penalty",
+                    True,
+                    "needs overlong_tokens (tail length) and overlong_penalty_factor "
+                    "(largest penalty), e.g. 256 and 1.0",
+                )
+            if self.overlong_tokens > self.max_new_tokens:
+                raise RuleViolation(
+                    "overlong_tokens",
+                    self.overlong_tokens,
+                    f"the penalised tail is longer than max_new_tokens={self.max_new_tokens}; "
+                    "use a value <= max_new_tokens",
+                )
+        if self.loss_agg_norm is not None and self.loss_agg_mode != "seq-mean-token-sum-norm":
+            raise RuleViolation(
+                "loss_agg_norm",
+                self.loss_agg_norm,
+                "is only used by loss_agg_mode 'seq-mean-token-sum-norm' "
+                f"(got '{self.loss_agg_mode}'); remove it or change the mode",
+            )
+        if isinstance(self.gae_lambda, float) and self.gae_lambda_kwargs:
+            raise RuleViolation(
+                "gae_lambda_kwargs",
+                self.gae_lambda_kwargs,
+                "are arguments of a λ function, but gae_lambda is the number "
+                f"{self.gae_lambda}; set gae_lambda to a function path or drop the kwargs",
+            )
+        groupwise = any(
+            n is not None and n.uses_group_statistics for n in (self.reward_norm, self.adv_norm)
+        )
+        if self.min_usable_group_size is not None and self.min_usable_group_size < 2 and groupwise:
+            raise RuleViolation(
+                "min_usable_group_size",
+                self.min_usable_group_size,
+                "a group-level normalisation needs at least 2 samples per group; use >= 2 "
+                "or leave it null",
+            )
 
 
 class PPOCriticConfig(TrainEngineConfig):

@@ -49,10 +49,20 @@ class RolloutConfig(FlywheelModel):
     check_trajectory_format: bool = False
     """Validate every trajectory a custom workflow returns (debugging a workflow)."""
 
+    deterministic_sampling: bool = False
+    """Stable per-request seeds and canonical group order (end-to-end determinism needs
+    `max_head_offpolicyness: 0`)."""
+
+    tokenizer_path: str = ""
+    """Tokenizer for decoding trajectories to text; empty uses the actor's `path`."""
+
+    dump_to_file: bool = False
+    """Also write every trajectory as JSON under `cluster.fileroot` (debugging)."""
+
     schedule_policy: Literal["round_robin"] = "round_robin"
     """How requests are spread over generation servers."""
 
-    setup_timeout: float = Field(default=120.0, gt=0.0)
+    setup_timeout: float = Field(default=300.0, gt=0.0)
     """Seconds to wait for engines/servers to come up."""
 
     request_timeout: float = Field(default=3600.0, gt=0.0)

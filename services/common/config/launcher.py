@@ -1,0 +1,95 @@
+"""Launcher block: what `flywheel run` prepares before the services start, and how it evaluates.
+
+These settings only matter to the local launcher and the embedded demo; a cluster run that
+points `actor.path` at a real checkpoint and the datasets at real files ignores them.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from ._base import FlywheelModel
+
+
+class TinyModelConfig(FlywheelModel):
+    """Shape of the tiny Qwen2 written locally when `actor.path` is empty."""
+
+    hidden_size: int = Field(default=128, ge=8)
+    """Hidden width."""
+
+    num_layers: int = Field(default=2, ge=1)
+    """Decoder layers."""
+
+    num_heads: int = Field(default=4, ge=1)
+    """Attention heads (must divide hidden_size)."""
+
+    seed: int = 0
+    """Seed of the initial weights."""
+
+
+class WarmStartConfig(FlywheelModel):
+    """A short supervised phase on generated data before RL (as real recipes start from an
+    instruction-tuned model); skipped when `enabled` is false or the model is given."""
+
+    enabled: bool = True
+    """Run the supervised warm start on the freshly written tiny model."""
+
+    steps: int = Field(default=340, ge=0)
+    """Optimizer steps."""
+
+    batch_size: int = Field(default=128, ge=1)
+    """Examples per step."""
+
+    lr: float = Field(default=1e-3, gt=0.0)
+    """Peak AdamW learning rate."""
+
+    warmup_steps: int = Field(default=50, ge=0)
+    """Linear warm-up steps (without it the first steps overshoot)."""
+
+    seed: int = 0
+    """Seed of data order."""
+
+
+class EvalConfig(FlywheelModel):
+    """Held-out evaluation the launcher runs through the rollout and reward services."""
+
+    freq_steps: int = Field(default=10, ge=0)
+    """Evaluate every this many trainer steps (and before the first and after the last);
+    0 evaluates only before and after."""
+
+    n_prompts: int = Field(default=256, ge=1)
+    """Held-out prompts per evaluation (one sample each)."""
+
+    temperature: float = Field(default=1.0, ge=0.0)
+    """Sampling temperature of the evaluation (1.0 measures what the policy samples)."""
+
+    max_new_tokens: int | None = Field(default=None, ge=1)
+    """Cap on generated tokens; null uses `gconfig.max_new_tokens`."""
+
+
+class LauncherConfig(FlywheelModel):
+    """Local launcher settings."""
+
+    tiny_model: TinyModelConfig = Field(default_factory=TinyModelConfig)
+    """Model written when `actor.path` is empty."""
+
+    warm_start: WarmStartConfig = Field(default_factory=WarmStartConfig)
+    """Supervised phase before RL."""
+
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    """Held-out evaluation."""
+
+    startup_timeout: float = Field(default=180.0, gt=0.0)
+    """Seconds each service may take to report SERVING."""
+
+    progress: bool = True
+    """Show the one-line progress display."""
+
+    python: str | None = None
+    """Interpreter that runs the services; null uses the launcher's own."""
+
+    rollout_cpus: list[int] | None = None
+    """CPU cores the rollout processes are pinned to (`taskset`); null: no pinning."""
+
+    trainer_cpus: list[int] | None = None
+    """CPU cores the trainer processes are pinned to; null: no pinning."""

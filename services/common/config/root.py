@@ -1,0 +1,174 @@
+"""The root model `FlywheelConfig`: one file describes a whole experiment."""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import Field, field_validator, model_validator
+
+from ._base import FlywheelModel, RuleViolation
+from .actor import PPOActorConfig, PPOCriticConfig, TrainEngineConfig
+from .buffer import BufferConfig
+from .dataset import DatasetConfig
+from .generation import GenerationHyperparameters
+from .reward import RewardConfig
+from .rollout import RolloutConfig
+from .scheduler import SchedulerConfig
+from .services import ServicesConfig
+from .trainer import TrainerConfig
+
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class ClusterSpecConfig(FlywheelModel):
+    """Storage shared by every service."""
+
+    fileroot: str = "/tmp/flywheel"
+    """Root of logs, checkpoints, weights and metrics; must be visible to every service
+    (a shared volume on Kubernetes)."""
+
+    cluster_name: str = "local"
+    """Name of the cluster, recorded in logs."""
+
+
+class FlywheelConfig(FlywheelModel):
+    """A whole Flywheel experiment."""
+
+    experiment_name: str = "flywheel"
+    """Experiment name; part of every path under `cluster.fileroot`."""
+
+    trial_name: str = "trial0"
+    """Trial name within the experiment; part of every path."""
+
+    seed: int = 1
+    """Seed of data order, sampling and initialisation."""
+
+    total_train_epochs: int = Field(default=1, ge=1)
+    """Passes over the training set."""
+
+    total_train_steps: int | None = Field(default=None, ge=1)
+    """Stop after this many trainer steps (null: run the epochs)."""
+
+    tokenizer_path: str = ""
+    """Tokenizer; empty uses the actor's `path`."""
+
+    cluster: ClusterSpecConfig = Field(default_factory=ClusterSpecConfig)
+    """Shared storage."""
+
+    actor: PPOActorConfig = Field(default_factory=PPOActorConfig)
+    """The policy and its loss."""
+
+    critic: PPOCriticConfig | None = None
+    """Value model (PPO with GAE); null for critic-free methods."""
+
+    ref: TrainEngineConfig | None = None
+    """Reference model of the KL penalty; needed when `actor.kl_ctl > 0`."""
+
+    gconfig: GenerationHyperparameters = Field(default_factory=GenerationHyperparameters)
+    """Sampling settings of the rollout."""
+
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    """Rollout service."""
+
+    buffer: BufferConfig = Field(default_factory=BufferConfig)
+    """Buffer service."""
+
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    """Reward service."""
+
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    """Trainer service."""
+
+    services: ServicesConfig = Field(default_factory=ServicesConfig)
+    """Addresses, auth and message limits."""
+
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    """Where services run."""
+
+    train_dataset: DatasetConfig = Field(default_factory=DatasetConfig)
+    """Training prompts."""
+
+    valid_dataset: DatasetConfig | None = None
+    """Evaluation prompts; null disables evaluation."""
+
+    @field_validator("experiment_name", "trial_name")
+    @classmethod
+    def _safe_name(cls, value: str, info: object) -> str:
+        # Names become directory names, Redis key prefixes and Kubernetes labels.
+        if not _NAME.match(value) or len(value) > 63:
+            raise RuleViolation(
+                getattr(info, "field_name", "name"),
+                value,
+                "use 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit",
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _cross_block_rules(self) -> FlywheelConfig:
+        self._check_reference_model()
+        if self.actor.temperature != self.gconfig.temperature:
+            raise RuleViolation(
+                "actor.temperature",
+                self.actor.temperature,
+                f"differs from gconfig.temperature={self.gconfig.temperature}: the trainer "
+                "would score tokens under another distribution than the one that sampled "
+                "them; set both to the same value (actor.temperature: ${gconfig.temperature})",
+            )
+        if self.trainer.backend == "nccl" and self.trainer.device == "cpu":
+            raise RuleViolation(
+                "trainer.backend",
+                "nccl",
+                "NCCL needs GPUs but trainer.device is 'cpu'; use backend: gloo or device: cuda",
+            )
+        if self.train_dataset.path is None and self.train_dataset.builtin is None:
+            raise RuleViolation(
+                "train_dataset.path",
+                None,
+                "no training data: set train_dataset.path to a JSONL/parquet file or "
+                "train_dataset.builtin: arithmetic",
+            )
+        self._check_ports()
+        return self
+
+    def _check_reference_model(self) -> None:
+        # AReaL computes the KL term against whatever "ref" logprobs exist; without a
+        # reference model it silently becomes a surprisal bonus on the policy itself.
+        if self.actor.kl_ctl <= 0:
+            return
+        if self.ref is None:
+            raise RuleViolation(
+                "actor.kl_ctl",
+                self.actor.kl_ctl,
+                "a KL penalty needs a reference model, and `ref` is not set; add "
+                "`ref: {path: <same checkpoint as actor.path>}` or set actor.kl_ctl: 0",
+            )
+        if not self.ref.path and self.actor.path and not self.ref.init_from_scratch:
+            raise RuleViolation(
+                "ref.path",
+                self.ref.path,
+                f"actor.kl_ctl={self.actor.kl_ctl} needs the reference checkpoint; set "
+                "ref.path (usually ${actor.path}) or set actor.kl_ctl: 0",
+            )
+
+    def _check_ports(self) -> None:
+        taken: dict[tuple[str, int], str] = {}
+        replicas = self.rollout.n_replicas
+        for name in ("rollout", "reward", "buffer", "trainer"):
+            endpoint = getattr(self.services, name)
+            count = replicas if name == "rollout" else 1
+            for kind in ("port", "metrics_port"):
+                base = getattr(endpoint, kind)
+                if base == 0:
+                    continue
+                for i in range(count):
+                    key = (endpoint.host, base + i)
+                    path = f"services.{name}.{kind}"
+                    if key in taken:
+                        raise RuleViolation(
+                            path,
+                            base,
+                            f"port {base + i} on {endpoint.host} is also {taken[key]}; give "
+                            "every service its own ports (rollout replica i uses port + i)",
+                        )
+                    taken[key] = path

@@ -1,0 +1,121 @@
+"""Held-out accuracy through the running services: rollout `Generate`, reward `ScoreBatch`.
+
+Evaluation uses the same machinery as training (the engine serving the latest weights and
+the same verifier) but no buffer and no staleness control, so a number here is exactly
+what the policy being trained would score.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from flywheel_proto.v1 import reward_pb2, reward_pb2_grpc, rollout_pb2, rollout_pb2_grpc
+from services.common.grpc_client import make_sync_channel
+
+
+@dataclass
+class EvalResult:
+    accuracy: float
+    mean_reward: float
+    n: int
+    version: int
+    failures: int
+
+
+def read_jsonl(path: str | Path, limit: int | None = None) -> list[dict[str, Any]]:
+    rows = []
+    with open(path) as fh:
+        for line in fh:
+            if line.strip():
+                rows.append(json.loads(line))
+                if limit is not None and len(rows) >= limit:
+                    break
+    return rows
+
+
+def evaluate(
+    rollout_address: str,
+    reward_address: str,
+    rows: list[dict[str, Any]],
+    *,
+    prompt_key: str = "prompt",
+    answer_key: str = "answer",
+    reward_fn: str = "",
+    temperature: float = 1.0,
+    max_new_tokens: int = 16,
+    auth_token: str | None = None,
+    max_message_bytes: int = 64 << 20,
+    timeout: float = 600.0,
+    batch: int = 64,
+    seed: int = 0,
+) -> EvalResult:
+    """Sample one completion per prompt and score it; accuracy counts reward >= 1."""
+    rollout_ch = make_sync_channel(
+        rollout_address, max_message_bytes=max_message_bytes, auth_token=auth_token
+    )
+    reward_ch = make_sync_channel(
+        reward_address, max_message_bytes=max_message_bytes, auth_token=auth_token
+    )
+    rollout = rollout_pb2_grpc.RolloutServiceStub(rollout_ch)
+    reward = reward_pb2_grpc.RewardServiceStub(reward_ch)
+    rewards: list[float] = []
+    failures = 0
+    version = -1
+    try:
+        for start in range(0, len(rows), batch):
+            chunk = rows[start : start + batch]
+            resp = rollout.Generate(
+                rollout_pb2.GenerateRequest(
+                    request_id=f"eval-{uuid.uuid4().hex}",
+                    prompts=[str(r[prompt_key]) for r in chunk],
+                    sampling=rollout_pb2.SamplingParams(
+                        temperature=temperature,
+                        greedy=temperature == 0.0,
+                        top_p=1.0,
+                        max_new_tokens=max_new_tokens,
+                        n_samples=1,
+                        seed=seed + start,
+                    ),
+                ),
+                timeout=timeout,
+            )
+            version = max(version, int(resp.version))
+            items = [
+                reward_pb2.ScoreRequest(
+                    request_id=f"eval-{uuid.uuid4().hex}",
+                    fn=reward_fn,
+                    prompt=str(r[prompt_key]),
+                    completion=c.text.encode("utf-8"),
+                    completion_ids=list(c.output_ids),
+                    answer=str(r[answer_key]),
+                )
+                for r, c in zip(chunk, resp.completions, strict=True)
+            ]
+            scored = reward.ScoreBatch(
+                reward_pb2.ScoreBatchRequest(request_id=f"eval-{uuid.uuid4().hex}", items=items),
+                timeout=timeout,
+            )
+            for res in scored.results:
+                if res.status != reward_pb2.REWARD_STATUS_OK:
+                    failures += 1
+                rewards.append(float(res.reward))
+    except grpc.RpcError as err:
+        raise RuntimeError(f"evaluation failed: {err.code().name}: {err.details()}") from err
+    finally:
+        rollout_ch.close()
+        reward_ch.close()
+    n = len(rewards)
+    correct = sum(1 for r in rewards if r >= 1.0 - 1e-6)
+    return EvalResult(
+        accuracy=correct / n if n else 0.0,
+        mean_reward=sum(rewards) / n if n else 0.0,
+        n=n,
+        version=version,
+        failures=failures,
+    )

@@ -1,0 +1,328 @@
+"""`flywheel run` with `scheduler.type=local`: the whole system as local processes.
+
+Order matters and is enforced by health gates: Redis, then the buffer (it needs Redis),
+reward, rollout replicas (they need both), and the trainer last (it needs all of them).
+The launcher then watches: a service that dies ends the run with its last log lines, the
+trainer finishing `total_train_steps` ends it cleanly, Ctrl-C stops everything in reverse
+order. At the end it checks the run's invariants and writes `summary.json` and
+`learning_curve.png` into the run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from services.common.config import FlywheelConfig
+from services.common.redis_server import RedisServer
+from services.launcher import assets
+from services.launcher.evaluation import EvalResult, evaluate, read_jsonl
+from services.launcher.metrics_log import MetricsTail
+from services.launcher.processes import ServiceFailed, ServiceProcess, wait_until_serving
+from services.launcher.report import check_invariants, scrape_metrics, write_learning_curve
+
+
+def _say(msg: str) -> None:
+    sys.stderr.write(f"[flywheel] {msg}\n")
+    sys.stderr.flush()
+
+
+class LocalRun:
+    """One local run: prepare, start, watch, evaluate, stop, report."""
+
+    def __init__(self, cfg: FlywheelConfig) -> None:
+        self.cfg = cfg
+        self.run_dir = assets.run_dir_of(cfg)
+        self.procs: list[ServiceProcess] = []
+        self.redis: RedisServer | None = None
+        self.evals: list[dict[str, Any]] = []
+        self.scraped: dict[str, set[str]] = {}
+        self.rollout_versions: list[int] = []
+        self._stop = threading.Event()
+        self.start_time = time.time()
+
+    # ---- preparation -------------------------------------------------------------------
+    def prepare(self) -> Path:
+        if assets.reset_if_finished(self.run_dir):
+            _say(f"previous run in {self.run_dir} had finished: starting fresh")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        assets.prepare_data(self.cfg, self.run_dir)
+        assets.prepare_model(self.cfg, self.run_dir, log=_say)
+        assets.assign_ports(self.cfg)
+        if not self.cfg.buffer.redis_url:
+            self.redis = RedisServer(
+                dir=self.run_dir / "redis",
+                password=self.cfg.buffer.redis_password,
+                binary=self.cfg.buffer.redis_server,
+            ).start()
+            self.cfg.buffer.redis_url = f"redis://127.0.0.1:{self.redis.port}/0"
+            _say(f"redis-server on port {self.redis.port} (AOF in {self.run_dir / 'redis'})")
+        path = assets.write_resolved_config(self.cfg, self.run_dir)
+        (self.run_dir / "services.json").write_text(json.dumps(self._addresses(), indent=1))
+        return path
+
+    def _addresses(self) -> dict[str, Any]:
+        s = self.cfg.services
+        host = "127.0.0.1"
+        out: dict[str, Any] = {
+            name: {
+                "grpc": f"{host}:{getattr(s, name).port}",
+                "metrics": f"http://{host}:{getattr(s, name).metrics_port}/metrics",
+            }
+            for name in ("buffer", "reward", "trainer")
+        }
+        out["rollout"] = [
+            {
+                "grpc": f"{host}:{s.rollout.port + i}",
+                "metrics": f"http://{host}:{s.rollout.metrics_port + i}/metrics",
+            }
+            for i in range(self.cfg.rollout.n_replicas)
+        ]
+        out["run_dir"] = str(self.run_dir)
+        return out
+
+    # ---- processes ---------------------------------------------------------------------
+    def _python(self) -> str:
+        return self.cfg.launcher.python or sys.executable
+
+    def _start(
+        self,
+        name: str,
+        module: str,
+        config_path: Path,
+        extra: list[str],
+        address: str,
+        cpus: list[int] | None,
+    ) -> ServiceProcess:
+        env = {"PYTHONUNBUFFERED": "1", "FLYWHEEL_RUN_DIR": str(self.run_dir)}
+        if self.cfg.services.auth_token:
+            env["FLYWHEEL_TOKEN"] = self.cfg.services.auth_token
+        proc = ServiceProcess(
+            name,
+            [self._python(), "-m", module, "--config", str(config_path), *extra],
+            self.run_dir / "logs",
+            env=env,
+            cpus=cpus,
+            echo=os.environ.get("FLYWHEEL_ECHO_LOGS", "0") == "1",
+        ).start()
+        self.procs.append(proc)
+        wait_until_serving(proc, address, self.cfg.launcher.startup_timeout)
+        _say(f"{name} is SERVING on {address} (pid {proc.pid})")
+        return proc
+
+    def start_services(self, config_path: Path) -> None:
+        s, lc = self.cfg.services, self.cfg.launcher
+        self._start("buffer", "services.buffer", config_path, [], s.buffer.address, None)
+        self._start("reward", "services.reward", config_path, [], s.reward.address, None)
+        for i in range(self.cfg.rollout.n_replicas):
+            self._start(
+                f"rollout-{i}",
+                "services.rollout",
+                config_path,
+                ["--replica-index", str(i)],
+                f"{s.rollout.host}:{s.rollout.port + i}",
+                lc.rollout_cpus,
+            )
+
+    def start_trainer(self, config_path: Path) -> ServiceProcess:
+        s = self.cfg.services
+        return self._start(
+            "trainer",
+            "services.trainer",
+            config_path,
+            [],
+            s.trainer.address,
+            self.cfg.launcher.trainer_cpus,
+        )
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.procs):
+            code = proc.stop()
+            if code not in (0, None, -signal.SIGTERM):
+                _say(f"{proc.name} exited with {code} on stop")
+        if self.redis is not None:
+            self.redis.stop()
+
+    # ---- evaluation --------------------------------------------------------------------
+    def evaluate(self, step: int) -> EvalResult | None:
+        if self.cfg.valid_dataset is None or not self.cfg.valid_dataset.path:
+            return None
+        ec = self.cfg.launcher.eval
+        rows = read_jsonl(self.cfg.valid_dataset.path, limit=ec.n_prompts)
+        s = self.cfg.services
+        result = evaluate(
+            f"{s.rollout.host}:{s.rollout.port}",
+            s.reward.address,
+            rows,
+            prompt_key=self.cfg.valid_dataset.prompt_key,
+            answer_key=self.cfg.valid_dataset.answer_key,
+            reward_fn=self.cfg.reward.fn,
+            temperature=ec.temperature,
+            max_new_tokens=ec.max_new_tokens or self.cfg.gconfig.max_new_tokens,
+            auth_token=s.auth_token,
+            max_message_bytes=s.max_message_bytes,
+            seed=self.cfg.seed + 1000 * step,
+        )
+        record = {
+            "step": step,
+            "version": result.version,
+            "accuracy": result.accuracy,
+            "mean_reward": result.mean_reward,
+            "n": result.n,
+            "failures": result.failures,
+            "wall_time": time.time(),
+        }
+        self.evals.append(record)
+        with open(self.run_dir / "evals.jsonl", "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+        _say(
+            f"eval at step {step} (version {result.version}): accuracy {result.accuracy:.3f} "
+            f"over {result.n} held-out prompts"
+        )
+        return result
+
+    # ---- the run -----------------------------------------------------------------------
+    def execute(self) -> int:
+        try:
+            config_path = self.prepare()
+            _say(f"run directory {self.run_dir}")
+            self.start_services(config_path)
+            self.evaluate(0)
+            trainer = self.start_trainer(config_path)
+            code = self.watch(trainer)
+            if code != 0:
+                return code
+            self.evaluate(self.last_step)
+            self.scraped = scrape_metrics(self._addresses())
+            summary = self.finish()
+            return 0 if summary["invariants_ok"] else 1
+        except ServiceFailed as err:
+            _say(f"FAILED: {err}")
+            return 1
+        except KeyboardInterrupt:
+            _say("interrupted: stopping services")
+            return 130
+        finally:
+            self.stop_all()
+
+    @property
+    def last_step(self) -> int:
+        return self.tail.last.get("step", 0) if hasattr(self, "tail") else 0
+
+    def watch(self, trainer: ServiceProcess) -> int:
+        self.tail = MetricsTail(
+            Path(self.cfg.trainer.metrics_jsonl or self.run_dir / "metrics.jsonl")
+        )
+        freq = self.cfg.launcher.eval.freq_steps
+        next_eval = freq if freq > 0 else None
+        total = self.cfg.total_train_steps
+        while True:
+            self.tail.poll()
+            step = self.last_step
+            if self.cfg.launcher.progress:
+                self._progress(step, total)
+            if next_eval is not None and step >= next_eval and trainer.alive():
+                self.evaluate(step)
+                while next_eval <= step:
+                    next_eval += freq
+            code = trainer.poll()
+            if code is not None:
+                trainer.wait()
+                self.tail.poll()
+                if self.cfg.launcher.progress:
+                    sys.stderr.write("\n")
+                if code != 0:
+                    _say(
+                        f"FAILED: trainer exited with {code}; last log lines:\n{trainer.last_lines()}"
+                    )
+                    return 1
+                return 0
+            for proc in self.procs:
+                if proc is not trainer and not proc.alive():
+                    raise ServiceFailed(proc, f"died with code {proc.poll()}")
+            time.sleep(1.0)
+
+    def _progress(self, step: int, total: int | None) -> None:
+        last = self.tail.last
+        elapsed = time.time() - self.start_time
+        samples = sum(r.get("samples", 0) for r in self.tail.records)
+        bar = ""
+        if total:
+            done = int(30 * min(step, total) / total)
+            bar = "[" + "#" * done + "." * (30 - done) + f"] {step}/{total} "
+        line = (
+            f"\r{bar}v{last.get('version', 0)} reward {last.get('task_reward', float('nan')):.3f} "
+            f"staleness {last.get('staleness_max', 0)} {samples / max(elapsed, 1e-9):.1f} samples/s "
+            f"{elapsed:.0f}s"
+        )
+        sys.stderr.write(line)
+        sys.stderr.flush()
+
+    def finish(self) -> dict[str, Any]:
+        records = self.tail.records
+        eta = self.cfg.rollout.max_head_offpolicyness
+        buffer_stats = self._buffer_stats()
+        invariants = check_invariants(
+            records, eta, buffer_stats, self.scraped, n_rollout=self.cfg.rollout.n_replicas
+        )
+        initial = self.evals[0]["accuracy"] if self.evals else None
+        final = self.evals[-1]["accuracy"] if self.evals else None
+        summary = {
+            "initial_eval_accuracy": initial,
+            "final_eval_accuracy": final,
+            "steps": self.last_step,
+            "wall_seconds": round(time.time() - self.start_time, 1),
+            "max_staleness_seen": max((r.get("staleness_max", 0) for r in records), default=0),
+            "eta": eta,
+            "invariants_ok": all(v["ok"] for v in invariants.values()),
+            "invariants": invariants,
+            "final_task_reward": records[-1].get("task_reward") if records else None,
+            "samples": sum(r.get("samples", 0) for r in records),
+            "evals": self.evals,
+            "buffer": buffer_stats,
+        }
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        write_learning_curve(self.run_dir / "learning_curve.png", records, self.evals)
+        _say(
+            f"done: {summary['steps']} steps in {summary['wall_seconds']:.0f}s; held-out accuracy "
+            f"{initial} -> {final}; max staleness {summary['max_staleness_seen']} (eta {eta}); "
+            f"invariants {'OK' if summary['invariants_ok'] else 'VIOLATED'}"
+        )
+        for name, res in invariants.items():
+            _say(f"  invariant {name}: {'ok' if res['ok'] else 'VIOLATED'} - {res['detail']}")
+        _say(
+            f"summary: {self.run_dir / 'summary.json'}; curve: {self.run_dir / 'learning_curve.png'}"
+        )
+        return summary
+
+    def _buffer_stats(self) -> dict[str, Any]:
+        from google.protobuf.json_format import MessageToDict
+
+        from flywheel_proto.v1 import buffer_pb2_grpc, common_pb2
+        from services.common.grpc_client import make_sync_channel
+
+        s = self.cfg.services
+        ch = make_sync_channel(s.buffer.address, auth_token=s.auth_token)
+        try:
+            stats = buffer_pb2_grpc.BufferServiceStub(ch).Stats(common_pb2.Empty(), timeout=10)
+            return MessageToDict(
+                stats, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+            )
+        finally:
+            ch.close()
+
+
+def run(
+    cfg: FlywheelConfig, config_path: str | None = None, overrides: list[str] | None = None
+) -> int:
+    if cfg.scheduler.type == "kubernetes":
+        from services.launcher import kubernetes
+
+        return kubernetes.run(cfg)
+    return LocalRun(cfg).execute()

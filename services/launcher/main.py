@@ -1,0 +1,153 @@
+"""Entry points the `flywheel` CLI dispatches to: run, eval, status."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from services.common.config import FlywheelConfig, load_config
+
+
+def run(
+    cfg: FlywheelConfig, config_path: str | None = None, overrides: list[str] | None = None
+) -> int:
+    from services.launcher.local import run as run_local
+
+    return run_local(cfg, config_path, overrides)
+
+
+def eval_main(argv: list[str]) -> int:
+    """`flywheel eval --config FILE [--checkpoint DIR] [--data FILE] [overrides]`.
+
+    Starts reward and one rollout replica on the checkpoint, samples the data set once per
+    prompt and prints one JSON line with the accuracy. No buffer, no trainer, no staleness.
+    """
+    from services.common.redis_server import RedisServer  # noqa: F401  (documented dependency)
+    from services.launcher import assets
+    from services.launcher.evaluation import evaluate, read_jsonl
+    from services.launcher.processes import ServiceProcess, wait_until_serving
+
+    parser = argparse.ArgumentParser(prog="flywheel eval")
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--checkpoint", help="HF-format model directory to evaluate")
+    parser.add_argument("--data", help="JSONL file of prompts (default: valid_dataset.path)")
+    parser.add_argument("--n", type=int, default=None, help="evaluate the first N prompts")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
+    cfg = load_config(args.config, args.overrides)
+    if args.checkpoint:
+        cfg.actor.path = args.checkpoint
+        cfg.tokenizer_path = cfg.tokenizer_path or args.checkpoint
+    run_dir = assets.run_dir_of(cfg) / "eval"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.valid_dataset is None:
+        raise SystemExit("flywheel eval: the config has no valid_dataset and --data was not given")
+    assets.prepare_data(cfg, run_dir)
+    assets.prepare_model(cfg, run_dir)
+    assets.assign_ports(cfg)
+    config_path = assets.write_resolved_config(cfg, run_dir)
+    procs = []
+    try:
+        for name, module, extra, address in (
+            ("reward", "services.reward", [], cfg.services.reward.address),
+            (
+                "rollout-0",
+                "services.rollout",
+                ["--replica-index", "0", "--eval-only"],
+                cfg.services.rollout.address,
+            ),
+        ):
+            proc = ServiceProcess(
+                name,
+                [sys.executable, "-m", module, "--config", str(config_path), *extra],
+                run_dir / "logs",
+            ).start()
+            procs.append(proc)
+            wait_until_serving(proc, address, cfg.launcher.startup_timeout)
+        data = args.data or cfg.valid_dataset.path
+        rows = read_jsonl(data, limit=args.n or cfg.launcher.eval.n_prompts)
+        result = evaluate(
+            cfg.services.rollout.address,
+            cfg.services.reward.address,
+            rows,
+            prompt_key=cfg.valid_dataset.prompt_key,
+            answer_key=cfg.valid_dataset.answer_key,
+            reward_fn=cfg.reward.fn,
+            temperature=cfg.launcher.eval.temperature,
+            max_new_tokens=cfg.launcher.eval.max_new_tokens or cfg.gconfig.max_new_tokens,
+            auth_token=cfg.services.auth_token,
+        )
+        print(json.dumps({"checkpoint": cfg.actor.path, "data": data, **result.__dict__}))
+        return 0
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+
+
+def status_main(argv: list[str]) -> int:
+    """`flywheel status [RUN_DIR | --config FILE]`: what each service of a running job says."""
+    from google.protobuf.json_format import MessageToDict
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from flywheel_proto.v1 import (
+        buffer_pb2_grpc,
+        common_pb2,
+        rollout_pb2_grpc,
+        trainer_pb2_grpc,
+    )
+    from services.common.grpc_client import make_sync_channel
+    from services.launcher import assets
+
+    parser = argparse.ArgumentParser(prog="flywheel status")
+    parser.add_argument("run_dir", nargs="?")
+    parser.add_argument("--config")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
+    if args.run_dir:
+        run_dir = Path(args.run_dir)
+    else:
+        run_dir = assets.run_dir_of(load_config(args.config, args.overrides))
+    info_path = run_dir / "services.json"
+    if not info_path.exists():
+        print(f"no running job in {run_dir} (no services.json)", file=sys.stderr)
+        return 2
+    info = json.loads(info_path.read_text())
+    import os
+
+    token = os.environ.get("FLYWHEEL_TOKEN")
+    report: dict[str, object] = {}
+    targets = [
+        ("buffer", info["buffer"]["grpc"]),
+        ("reward", info["reward"]["grpc"]),
+        ("trainer", info["trainer"]["grpc"]),
+    ]
+    targets += [(f"rollout-{i}", ep["grpc"]) for i, ep in enumerate(info["rollout"])]
+    for name, address in targets:
+        ch = make_sync_channel(address, auth_token=token)
+        entry: dict[str, object] = {"address": address}
+        try:
+            health = health_pb2_grpc.HealthStub(ch).Check(
+                health_pb2.HealthCheckRequest(), timeout=3
+            )
+            entry["health"] = health_pb2.HealthCheckResponse.ServingStatus.Name(health.status)
+            if name == "buffer":
+                msg = buffer_pb2_grpc.BufferServiceStub(ch).Stats(common_pb2.Empty(), timeout=3)
+            elif name == "trainer":
+                msg = trainer_pb2_grpc.TrainerServiceStub(ch).Status(common_pb2.Empty(), timeout=3)
+            elif name.startswith("rollout"):
+                msg = rollout_pb2_grpc.RolloutServiceStub(ch).Stats(common_pb2.Empty(), timeout=3)
+            else:
+                msg = None
+            if msg is not None:
+                entry["stats"] = MessageToDict(msg, preserving_proto_field_name=True)
+        except Exception as err:  # noqa: BLE001 - a down service is a status, not a crash
+            entry["health"] = "UNREACHABLE"
+            details = getattr(err, "details", None)
+            entry["error"] = details() if callable(details) else str(err)
+        finally:
+            ch.close()
+        report[name] = entry
+    print(json.dumps(report, indent=1))
+    return 0 if all(e.get("health") == "SERVING" for e in report.values()) else 1

@@ -1,0 +1,149 @@
+"""Service child processes: started, log-streamed, health-gated and stopped cleanly.
+
+Each service's output is prefixed with its name on the launcher's stderr and copied to
+`<run_dir>/logs/<name>.log`; the last lines are kept in memory so that when a service dies
+the launcher can say why without asking the user to dig through files.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO
+
+
+class ServiceProcess:
+    """One service process (or the trainer's rank launcher) and its log pump."""
+
+    def __init__(
+        self,
+        name: str,
+        args: Sequence[str],
+        log_dir: Path,
+        *,
+        env: dict[str, str] | None = None,
+        cpus: Sequence[int] | None = None,
+        echo: bool = True,
+        tail_lines: int = 40,
+    ) -> None:
+        self.name = name
+        self.args = list(args)
+        if cpus:
+            self.args = ["taskset", "-c", ",".join(str(c) for c in cpus), *self.args]
+        self.log_path = log_dir / f"{name}.log"
+        self.env = {**os.environ, **(env or {})}
+        self.echo = echo
+        self.tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._pump: threading.Thread | None = None
+
+    def start(self) -> ServiceProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            self.args,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=self.env,
+            start_new_session=True,  # Ctrl-C reaches the launcher, which stops us in order
+        )
+        self._pump = threading.Thread(target=self._pump_logs, name=f"log-{self.name}", daemon=True)
+        self._pump.start()
+        return self
+
+    def _pump_logs(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        stream: IO[bytes] = self.proc.stdout
+        with open(self.log_path, "ab") as sink:
+            for raw in iter(stream.readline, b""):
+                sink.write(raw)
+                sink.flush()
+                line = raw.decode("utf-8", errors="replace").rstrip("\n")
+                self.tail.append(line)
+                if self.echo:
+                    sys.stderr.write(f"[{self.name}] {line}\n")
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def poll(self) -> int | None:
+        return self.proc.poll() if self.proc else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = 20.0) -> int | None:
+        """SIGTERM (the services drain), then SIGKILL of the whole session after `timeout`."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._join_pump()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def wait(self, timeout: float | None = None) -> int:
+        assert self.proc is not None
+        code = self.proc.wait(timeout=timeout)
+        self._join_pump()
+        return code
+
+    def _join_pump(self) -> None:
+        if self._pump is not None:
+            self._pump.join(timeout=2)
+
+    def last_lines(self, n: int = 20) -> str:
+        return "\n".join(list(self.tail)[-n:])
+
+
+def wait_until_serving(proc: ServiceProcess, address: str, timeout: float) -> None:
+    """Block until grpc health reports SERVING; fail fast (with its log) if the process dies."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    deadline = time.monotonic() + timeout
+    channel = grpc.insecure_channel(address)
+    stub = health_pb2_grpc.HealthStub(channel)
+    try:
+        while True:
+            code = proc.poll()
+            if code is not None:
+                raise ServiceFailed(proc, f"exited with code {code} before it was healthy")
+            try:
+                resp = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+                if resp.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise ServiceFailed(proc, f"not SERVING on {address} after {timeout:.0f}s")
+            time.sleep(0.2)
+    finally:
+        channel.close()
+
+
+class ServiceFailed(RuntimeError):
+    """A service died or never became healthy; carries its last log lines."""
+
+    def __init__(self, proc: ServiceProcess, what: str) -> None:
+        self.proc = proc
+        super().__init__(f"{proc.name} {what}; last log lines:\n{proc.last_lines()}")

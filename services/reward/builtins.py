@@ -1,0 +1,253 @@
+"""Built-in reward functions, each with the contract every reward function has:
+
+    reward_fn(prompt, completions, prompt_ids, completion_ids, answer, **kwargs) -> float
+
+`completions` is one completion (a `str`; the plural is the name AReaL users know), the
+ids are the token ids of prompt and completion, `answer` is the dataset's reference and
+`kwargs` are the other dataset fields. Every function returns 1.0 or 0.0 and never
+decides what a timeout means: the service runs them in worker processes with deadlines
+and reports failures as statuses.
+
+Equivalence for math uses `math-verify` with its own timeouts switched off: they rely on
+SIGALRM, and a parser that silently gives up would turn a hang into a wrong "0.0 OK".
+The service's deadline, which kills the worker, is the one timeout; it reports TIMEOUT.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from functools import lru_cache
+from typing import Any
+
+from services.reward import extract
+
+# math-verify warns on every call that its timeouts are off; that is deliberate here.
+logging.getLogger("math_verify").setLevel(logging.ERROR)
+logging.getLogger("latex2sympy2_extended").setLevel(logging.ERROR)
+
+_GOLD_CACHE_SIZE = 4096
+
+
+def _mv():  # type: ignore[no-untyped-def]
+    """Import math-verify lazily: the service process that only routes never pays for sympy."""
+    import math_verify
+
+    return math_verify
+
+
+def _as_latex(s: str) -> str:
+    """Wrap a bare answer in `$...$` so math-verify's LaTeX extractor reads all of it
+    (without delimiters, `2\\sqrt{3}` is read as `2`)."""
+    if "$" in s or "\\boxed" in s or "\\(" in s or "\\[" in s:
+        return s
+    return f"${s}$"
+
+
+def _parse(s: str) -> list[Any]:
+    mv = _mv()
+    return mv.parse(_as_latex(s), parsing_timeout=None)
+
+
+@lru_cache(maxsize=_GOLD_CACHE_SIZE)
+def _parse_gold(s: str) -> tuple[Any, ...]:
+    """Gold answers repeat n_samples times per prompt: parse each once per worker."""
+    return tuple(_parse(s))
+
+
+def math_equal(gold: str, pred: str) -> bool:
+    """True when math-verify finds `pred` equivalent to `gold` (numbers, fractions,
+    percentages, LaTeX expressions, sets, intervals)."""
+    gold_parsed = list(_parse_gold(gold))
+    if not gold_parsed:
+        # A reference math-verify cannot read: fall back to exact text, never guess.
+        return extract.clean_answer(gold) == extract.clean_answer(pred)
+    pred_parsed = _parse(pred)
+    if not pred_parsed:
+        return False
+    return bool(_mv().verify(gold_parsed, pred_parsed, timeout_seconds=None))
+
+
+def _numeric_candidate(candidate: str) -> str:
+    """Reduce `18 dollars` / `$18.00 per week` to the number; keep LaTeX as it is."""
+    if extract.to_fraction(candidate) is not None or "\\" in candidate:
+        return candidate
+    first = extract.first_number(candidate)
+    return first if first is not None else candidate
+
+
+def gsm8k_reward(
+    prompt: str,
+    completions: str,
+    prompt_ids: list[int],
+    completion_ids: list[int],
+    answer: str,
+    **kwargs: Any,
+) -> float:
+    """1.0 when the final answer (`#### N`, else `\\boxed{N}`, else "the answer is N", else
+    the last number) equals the reference after `####` in `answer`, by math-verify."""
+    pred = extract.final_answer(completions)
+    if pred is None:
+        return 0.0
+    gold = extract.gsm8k_gold(answer)
+    return 1.0 if math_equal(_numeric_candidate(gold), _numeric_candidate(pred)) else 0.0
+
+
+def math_reward(
+    prompt: str,
+    completions: str,
+    prompt_ids: list[int],
+    completion_ids: list[int],
+    answer: str,
+    **kwargs: Any,
+) -> float:
+    """MATH-style: the last `\\boxed{...}` (else the last expression math-verify finds in the
+    tail of the completion) against the reference, equivalence by math-verify."""
+    boxed = extract.last_boxed(completions)
+    if boxed is not None:
+        pred_parsed = _parse(boxed)
+    else:
+        # No box: let math-verify find the last LaTeX/number in the tail.
+        pred_parsed = _mv().parse(completions[-extract.TAIL_CHARS :], parsing_timeout=None)
+    if not pred_parsed:
+        return 0.0
+    gold_src = extract.last_boxed(answer) or answer
+    gold_parsed = list(_parse_gold(extract.clean_answer(gold_src)))
+    if not gold_parsed:
+        return 1.0 if boxed is not None and boxed.strip() == gold_src.strip() else 0.0
+    return 1.0 if _mv().verify(gold_parsed, pred_parsed, timeout_seconds=None) else 0.0
+
+
+def exact_match_reward(
+    prompt: str,
+    completions: str,
+    prompt_ids: list[int],
+    completion_ids: list[int],
+    answer: str,
+    ignore_case: bool = False,
+    **kwargs: Any,
+) -> float:
+    """1.0 when the completion, stripped of surrounding whitespace, is the answer exactly
+    (`ignore_case=True` as a dataset field or config kwarg folds case)."""
+    a, b = completions.strip(), answer.strip()
+    if ignore_case:
+        a, b = a.casefold(), b.casefold()
+    return 1.0 if a == b else 0.0
+
+
+def geometry3k_reward(
+    prompt: str,
+    completions: str,
+    prompt_ids: list[int],
+    completion_ids: list[int],
+    answer: str,
+    **kwargs: Any,
+) -> float:
+    """Geometry3K-style: the answer in the last `[...]` (else the last box, else the last
+    number), compared with math-verify, so `2\\sqrt{3}` matches `\\sqrt{12}` and `13.33`
+    matches `\\frac{40}{3}` to math-verify's rounding."""
+    pred = (
+        extract.bracketed_answer(completions)
+        or extract.last_boxed(completions)
+        or extract.last_number(completions)
+    )
+    if pred is None:
+        return 0.0
+    pred = extract.clean_answer(pred)
+    gold = extract.clean_answer(extract.bracketed_answer(answer) or answer)
+    return 1.0 if pred and math_equal(gold, pred) else 0.0
+
+
+def clevr_count_reward(
+    prompt: str,
+    completions: str,
+    prompt_ids: list[int],
+    completion_ids: list[int],
+    answer: str,
+    **kwargs: Any,
+) -> float:
+    """CLEVR-count-style: the count in the last `[N]` (else the last box, else the last
+    number) equals the reference count exactly."""
+    pred = (
+        extract.bracketed_answer(completions)
+        or extract.last_boxed(completions)
+        or extract.last_number(completions)
+    )
+    if pred is None:
+        return 0.0
+    got = extract.to_fraction(extract.first_number(pred) or pred)
+    want = extract.to_fraction(answer)
+    return 1.0 if got is not None and want is not None and got == want else 0.0
+
+
+_THINK_ANSWER_RE = re.compile(r"\s*<think>.*?</think>\s*<answer>.+?</answer>\s*", re.DOTALL)
+_HASH_LINE_RE = re.compile(r"####[ \t]*\S[^\n]*\s*")
+
+
+def detect_format(prompt: str) -> str:
+    """The answer form a prompt asks for: `tags` (<think>/<answer>), `boxed` or `hash`
+    (`#### N`); `any` when the prompt does not say."""
+    if "<answer>" in prompt:
+        return "tags"
+    if "\\boxed" in prompt:
+        return "boxed"
+    if "####" in prompt:
+        return "hash"
+    return "any"
+
+
+def format_ok(completion: str, style: str) -> bool:
+    """Whether the completion gives its answer in `style` (see `detect_format`).
+
+    `hash`: the last non-empty line starts with `####` followed by a value; `boxed`: a
+    closed, non-empty `\\boxed{}`; `tags`: `<think>...</think><answer>...</answer>` and
+    nothing else; `any`: one of `hash` or `boxed`.
+    """
+    if style == "tags":
+        return _THINK_ANSWER_RE.fullmatch(completion) is not None
+    if style == "boxed":
+        box = extract.last_boxed(completion)
+        return box is not None and box.strip() != ""
+    if style == "hash":
+        lines = [ln for ln in completion.rstrip().split("\n") if ln.strip()]
+        return bool(lines) and _HASH_LINE_RE.fullmatch(lines[-1].strip() + "\n") is not None
+    if style == "any":
+        return format_ok(completion, "hash") or format_ok(completion, "boxed")
+    raise ValueError(f"format_style must be one of tags, boxed, hash, any; got {style!r}")
+
+
+def format_reward(
+    prompt: str,
+    completions: str,
+    prompt_ids: list[int],
+    completion_ids: list[int],
+    answer: str,
+    format_style: str | None = None,
+    **kwargs: Any,
+) -> float:
+    """1.0 when the answer is in the form the prompt asked for, whatever its value.
+
+    The form is `format_style` when given (a dataset field or config kwarg: `tags`,
+    `boxed`, `hash`, `any`), else read from the prompt by `detect_format`.
+    """
+    style = format_style or detect_format(prompt)
+    return 1.0 if format_ok(completions, style) else 0.0
+
+
+def arithmetic_reward(
+    prompt: str,
+    completions: str,
+    prompt_ids: list[int],
+    completion_ids: list[int],
+    answer: str,
+    **kwargs: Any,
+) -> float:
+    """The built-in demo task (generated arithmetic, GSM8K-style `#### N` answers): exact
+    rational equality of the final number, no sympy, so the demo's tiny model is scored
+    in microseconds. The reference may be `N` or a worked answer ending in `#### N`."""
+    pred = extract.final_answer(completions)
+    if pred is None:
+        return 0.0
+    got = extract.to_fraction(extract.first_number(pred) or "")
+    want = extract.to_fraction(extract.gsm8k_gold(answer))
+    return 1.0 if got is not None and want is not None and got == want else 0.0

@@ -1,0 +1,417 @@
+"""The worker pool: bounded queue, per-call deadlines that kill and replace, honest statuses.
+
+Each of `num_workers` slots owns one worker process and loops: take a chunk of queued
+items, send it in one frame, read one result per item. Chunks amortise the hop (one
+frame, one wake-up) without giving up per-item deadlines: item k's clock starts when
+item k-1 finished in the worker (`t1` in its result), and the service waits for each
+result only until that item's deadline.
+
+When a deadline passes the worker's whole process group gets SIGKILL — a hung parser, a
+busy loop in C, a child it forked: all gone — the item is TIMEOUT, the rest of its chunk
+goes back to the front of the queue, and the slot starts a fresh worker. A worker that
+dies (memory limit hit inside native code, a segfault, `os._exit`) costs only the item it
+was running (ERROR, with the exit status) and is replaced the same way.
+
+The queue is bounded: `submit` takes all items of a request or none (`PoolFullError`),
+so overload turns into RESOURCE_EXHAUSTED at the door instead of latency for everyone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import signal
+import sys
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from services.reward.metrics import RewardMetrics
+from services.reward.protocol import ProtocolError, encode_frame, read_frame
+
+log = logging.getLogger(__name__)
+
+PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
+OK, TIMEOUT, ERROR = "OK", "TIMEOUT", "ERROR"
+
+
+class PoolFullError(Exception):
+    """The queue cannot take the request's items now; retry later."""
+
+    def __init__(self, wanted: int, free: int) -> None:
+        super().__init__(f"reward queue full: {wanted} items asked, {free} free")
+        self.wanted = wanted
+        self.free = free
+
+
+class PoolClosedError(Exception):
+    """The pool is shutting down."""
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    num_workers: int = 2
+    max_queue: int = 8192
+    max_chunk: int = 16
+    memory_bytes: int = 4 << 30  # RLIMIT_AS per worker; 0 = unlimited
+    cpu_seconds: float = 60.0  # RLIMIT_CPU per call; 0 = unlimited
+    start_timeout_s: float = 120.0
+    preload: tuple[str, ...] = ()
+    warmup: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    status: str  # OK | TIMEOUT | ERROR
+    reward: float
+    message: str
+    seconds: float  # time the function ran in its worker (until killed, for TIMEOUT)
+
+
+@dataclass
+class ScoreTask:
+    """One item to score. `payload` holds prompt, completion (str), prompt_ids,
+    completion_ids, answer and kwargs (a dict), exactly as the function receives them."""
+
+    fn_name: str
+    fn_path: str
+    payload: dict[str, Any]
+    deadline_s: float
+    future: asyncio.Future[TaskResult] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+    def resolve(self, result: TaskResult) -> None:
+        if not self.future.done():
+            self.future.set_result(result)
+
+
+class _WorkerDied(Exception):
+    pass
+
+
+class _WorkerProcess:
+    """One live worker: its process, its pipes, and how to kill it."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.pid = proc.pid
+        assert proc.stdin is not None and proc.stdout is not None
+        self.stdin = proc.stdin
+        self.stdout = proc.stdout
+
+    async def send(self, msg: dict[str, Any]) -> None:
+        self.stdin.write(encode_frame(msg))
+        await self.stdin.drain()
+
+    async def recv(self) -> dict[str, Any]:
+        return await read_frame(self.stdout)
+
+    async def kill(self) -> int | None:
+        """SIGKILL the worker's process group (it leads its own session), then reap it."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        with contextlib.suppress(Exception):
+            self.stdin.close()
+        return await self.proc.wait()
+
+
+def describe_exit(returncode: int | None) -> str:
+    if returncode is None:
+        return "still running"
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+class WorkerPool:
+    """`num_workers` worker processes behind one bounded queue."""
+
+    def __init__(self, config: PoolConfig, metrics: RewardMetrics | None = None) -> None:
+        if config.num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {config.num_workers}")
+        self.config = config
+        self.metrics = metrics
+        self._queue: deque[ScoreTask] = deque()
+        self._cond: asyncio.Condition | None = None
+        self._slots: list[asyncio.Task[None]] = []
+        self._workers: dict[int, _WorkerProcess] = {}
+        self._inflight: dict[int, list[ScoreTask]] = {}
+        self._closing = False
+        self._started = False
+        self._last_start_error = ""
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    async def start(self, wait_ready: bool = True) -> None:
+        """Start every slot; with `wait_ready`, return once all workers said ready (or
+        raise when none could start)."""
+        self._cond = asyncio.Condition()
+        self._started = True
+        self._slots = [
+            asyncio.create_task(self._slot_loop(i), name=f"reward-slot-{i}")
+            for i in range(self.config.num_workers)
+        ]
+        if not wait_ready:
+            return
+        deadline = time.monotonic() + self.config.start_timeout_s
+        while self.ready_workers < self.config.num_workers:
+            if time.monotonic() > deadline:
+                if self.ready_workers == 0:
+                    await self.close()
+                    raise RuntimeError(f"no reward worker started: {self._last_start_error}")
+                log.warning("only %d/%d reward workers ready", self.ready_workers, self.config.num_workers)
+                return
+            await asyncio.sleep(0.02)
+
+    async def close(self) -> None:
+        """Stop the slots, kill the workers, fail what is still queued."""
+        self._closing = True
+        for task in self._slots:
+            task.cancel()
+        for task in self._slots:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for worker in list(self._workers.values()):
+            await worker.kill()
+        self._workers.clear()
+        pending = [t for chunk in self._inflight.values() for t in chunk]
+        self._inflight.clear()
+        pending.extend(self._queue)
+        self._queue.clear()
+        for task in pending:
+            if not task.future.done():
+                task.future.set_exception(PoolClosedError("reward pool closed"))
+        self._update_gauges()
+
+    # --- introspection -------------------------------------------------------------------
+
+    @property
+    def ready_workers(self) -> int:
+        return len(self._workers)
+
+    def worker_pids(self) -> list[int]:
+        return sorted(w.pid for w in self._workers.values())
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    # --- submission ----------------------------------------------------------------------
+
+    def submit(self, tasks: Sequence[ScoreTask]) -> None:
+        """Queue all of `tasks` or none of them (PoolFullError)."""
+        if self._closing or not self._started:
+            raise PoolClosedError("reward pool is not running")
+        free = self.config.max_queue - len(self._queue)
+        if len(tasks) > free:
+            raise PoolFullError(len(tasks), max(free, 0))
+        self._queue.extend(tasks)
+        self._update_gauges()
+        self._notify()
+
+    async def score(self, tasks: Sequence[ScoreTask]) -> list[TaskResult]:
+        self.submit(tasks)
+        return list(await asyncio.gather(*(t.future for t in tasks)))
+
+    def _notify(self) -> None:
+        async def _wake() -> None:
+            assert self._cond is not None
+            async with self._cond:
+                self._cond.notify_all()
+
+        asyncio.get_running_loop().create_task(_wake())
+
+    def _update_gauges(self) -> None:
+        if self.metrics is not None:
+            self.metrics.queue_items.set(len(self._queue))
+            self.metrics.workers_ready.set(len(self._workers))
+
+    # --- the slots -----------------------------------------------------------------------
+
+    async def _slot_loop(self, slot: int) -> None:
+        worker: _WorkerProcess | None = None
+        failures = 0
+        try:
+            while not self._closing:
+                if worker is None:
+                    try:
+                        worker = await self._spawn()
+                        failures = 0
+                    except Exception as exc:  # noqa: BLE001 - reported and retried with backoff
+                        failures += 1
+                        self._last_start_error = f"{type(exc).__name__}: {exc}"
+                        log.error("reward worker failed to start", extra={"slot": slot, "error": self._last_start_error})
+                        if not self._workers:
+                            self._fail_queued(f"no reward worker could start: {self._last_start_error}")
+                        await asyncio.sleep(min(30.0, 0.5 * 2 ** min(failures, 6)))
+                        continue
+                    self._workers[slot] = worker
+                    self._update_gauges()
+                chunk = await self._take()
+                if not chunk:
+                    continue
+                self._inflight[slot] = chunk
+                alive = await self._run_chunk(worker, chunk)
+                self._inflight.pop(slot, None)
+                if not alive:
+                    self._workers.pop(slot, None)
+                    self._update_gauges()
+                    worker = None
+        finally:
+            if worker is not None:
+                self._workers.pop(slot, None)
+                await worker.kill()
+
+    async def _spawn(self) -> _WorkerProcess:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [PROJECT_ROOT, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])]
+        )
+        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            env.setdefault(var, "1")
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "services.reward.worker",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            start_new_session=True,
+            env=env,
+            cwd=PROJECT_ROOT,
+        )
+        worker = _WorkerProcess(proc)
+        try:
+            await worker.send(
+                {
+                    "op": "init",
+                    "memory_bytes": self.config.memory_bytes,
+                    "cpu_seconds": self.config.cpu_seconds,
+                    "sys_path": [p for p in sys.path if p],
+                    "preload": list(self.config.preload),
+                    "warmup": list(self.config.warmup),
+                }
+            )
+            ready = await asyncio.wait_for(worker.recv(), timeout=self.config.start_timeout_s)
+            if ready.get("op") != "ready":
+                raise ProtocolError(f"expected 'ready', got {ready.get('op')!r}")
+        except BaseException:
+            code = await worker.kill()
+            if isinstance(sys.exc_info()[1], asyncio.CancelledError):
+                raise
+            raise RuntimeError(f"worker {worker.pid} did not start ({describe_exit(code)})") from None
+        return worker
+
+    def _fail_queued(self, message: str) -> None:
+        while self._queue:
+            self._queue.popleft().resolve(TaskResult(ERROR, 0.0, message, 0.0))
+        self._update_gauges()
+
+    async def _take(self) -> list[ScoreTask]:
+        """Wait for work; take a fair share of the queue (at most `max_chunk`)."""
+        assert self._cond is not None
+        async with self._cond:
+            await self._cond.wait_for(lambda: bool(self._queue) or self._closing)
+        share = math.ceil(len(self._queue) / self.config.num_workers)
+        n = max(1, min(self.config.max_chunk, share))
+        chunk: list[ScoreTask] = []
+        while self._queue and len(chunk) < n:
+            task = self._queue.popleft()
+            if not task.future.done():  # the caller went away: skip it
+                chunk.append(task)
+        self._update_gauges()
+        return chunk
+
+    def _requeue(self, tasks: Sequence[ScoreTask]) -> None:
+        self._queue.extendleft(reversed(tasks))
+        self._update_gauges()
+        if tasks:
+            self._notify()
+
+    def _restart(self, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.worker_restarts.labels(reason=reason).inc()
+
+    async def _run_chunk(self, worker: _WorkerProcess, chunk: list[ScoreTask]) -> bool:
+        """Score `chunk` on `worker`; returns whether the worker is still usable."""
+        items = [
+            {"id": i, "fn": task.fn_path, **task.payload} for i, task in enumerate(chunk)
+        ]
+        try:
+            frame = encode_frame({"op": "score", "items": items})
+        except (ProtocolError, ValueError) as exc:
+            for task in chunk:
+                task.resolve(TaskResult(ERROR, 0.0, f"cannot send item to worker: {exc}", 0.0))
+            return True
+        start = time.monotonic()
+        try:
+            worker.stdin.write(frame)
+            await worker.stdin.drain()
+        except (ConnectionError, BrokenPipeError, RuntimeError):
+            code = await worker.kill()
+            self._restart("crash")
+            log.warning("reward worker pipe broken", extra={"pid": worker.pid, "exit": describe_exit(code)})
+            self._requeue(chunk)
+            return False
+        for i, task in enumerate(chunk):
+            deadline = start + task.deadline_s
+            try:
+                result = await asyncio.wait_for(worker.recv(), timeout=max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                elapsed = time.monotonic() - start
+                await worker.kill()
+                self._restart("timeout")
+                task.resolve(
+                    TaskResult(
+                        TIMEOUT,
+                        0.0,
+                        f"deadline of {task.deadline_s:g}s exceeded; worker {worker.pid} killed and replaced",
+                        elapsed,
+                    )
+                )
+                self._observe(task, elapsed)
+                self._requeue(chunk[i + 1 :])
+                return False
+            except (asyncio.IncompleteReadError, ConnectionError, ProtocolError) as exc:
+                elapsed = time.monotonic() - start
+                code = await worker.kill()
+                self._restart("crash")
+                detail = describe_exit(code) if not isinstance(exc, ProtocolError) else str(exc)
+                limit = self.config.memory_bytes >> 20
+                task.resolve(
+                    TaskResult(
+                        ERROR,
+                        0.0,
+                        f"worker {worker.pid} died while scoring ({detail}); "
+                        f"a crash in native code or the {limit} MiB memory limit",
+                        elapsed,
+                    )
+                )
+                self._observe(task, elapsed)
+                self._requeue(chunk[i + 1 :])
+                return False
+            seconds = max(0.0, float(result["t1"]) - float(result["t0"]))
+            task.resolve(
+                TaskResult(result["status"], float(result["reward"]), result["message"], seconds)
+            )
+            self._observe(task, seconds)
+            start = max(float(result["t1"]), start)
+            if result.get("restart"):
+                await worker.kill()
+                self._restart(result.get("reason") or "limit")
+                self._requeue(chunk[i + 1 :])
+                return False
+        return True
+
+    def _observe(self, task: ScoreTask, seconds: float) -> None:
+        if self.metrics is not None:
+            self.metrics.score_seconds.labels(fn=task.fn_name).observe(seconds)
