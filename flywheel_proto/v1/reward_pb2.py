@@ -26,15 +26,15 @@ _sym_db = _symbol_database.Default()
 from flywheel_proto.v1 import common_pb2 as flywheel_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x66lywheel/v1/reward.proto\x12\x0b\x66lywheel.v1\x1a\x18\x66lywheel/v1/common.proto\"\xb8\x01\n\x0cScoreRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\n\n\x02\x66n\x18\x02 \x01(\t\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12\x12\n\ncompletion\x18\x04 \x01(\x0c\x12\x12\n\nprompt_ids\x18\x05 \x03(\x03\x12\x16\n\x0e\x63ompletion_ids\x18\x06 \x03(\x03\x12\x0e\n\x06\x61nswer\x18\x07 \x01(\t\x12\x13\n\x0bkwargs_json\x18\x08 \x01(\t\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\t \x01(\x05\"z\n\x0bScoreResult\x12\x0e\n\x06reward\x18\x01 \x01(\x01\x12)\n\x06status\x18\x02 \x01(\x0e\x32\x19.flywheel.v1.RewardStatus\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x0e\n\x06\x63\x61\x63hed\x18\x04 \x01(\x08\x12\x0f\n\x07seconds\x18\x05 \x01(\x01\"Q\n\x11ScoreBatchRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12(\n\x05items\x18\x02 \x03(\x0b\x32\x19.flywheel.v1.ScoreRequest\"?\n\x12ScoreBatchResponse\x12)\n\x07results\x18\x01 \x03(\x0b\x32\x18.flywheel.v1.ScoreResult\":\n\x15ListFunctionsResponse\x12\r\n\x05names\x18\x01 \x03(\t\x12\x12\n\ndefault_fn\x18\x02 \x01(\t*\x98\x01\n\x0cRewardStatus\x12\x1d\n\x19REWARD_STATUS_UNSPECIFIED\x10\x00\x12\x14\n\x10REWARD_STATUS_OK\x10\x01\x12\x19\n\x15REWARD_STATUS_TIMEOUT\x10\x02\x12\x17\n\x13REWARD_STATUS_ERROR\x10\x03\x12\x1f\n\x1bREWARD_STATUS_INVALID_INPUT\x10\x04\x32\xe5\x01\n\rRewardService\x12<\n\x05Score\x12\x19.flywheel.v1.ScoreRequest\x1a\x18.flywheel.v1.ScoreResult\x12M\n\nScoreBatch\x12\x1e.flywheel.v1.ScoreBatchRequest\x1a\x1f.flywheel.v1.ScoreBatchResponse\x12G\n\rListFunctions\x12\x12.flywheel.v1.Empty\x1a\".flywheel.v1.ListFunctionsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x66lywheel/v1/reward.proto\x12\x0b\x66lywheel.v1\x1a\x18\x66lywheel/v1/common.proto\"\xb8\x01\n\x0cScoreRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\n\n\x02\x66n\x18\x02 \x01(\t\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12\x12\n\ncompletion\x18\x04 \x01(\x0c\x12\x12\n\nprompt_ids\x18\x05 \x03(\x03\x12\x16\n\x0e\x63ompletion_ids\x18\x06 \x03(\x03\x12\x0e\n\x06\x61nswer\x18\x07 \x01(\t\x12\x13\n\x0bkwargs_json\x18\x08 \x01(\t\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\t \x01(\x05\"z\n\x0bScoreResult\x12\x0e\n\x06reward\x18\x01 \x01(\x01\x12)\n\x06status\x18\x02 \x01(\x0e\x32\x19.flywheel.v1.RewardStatus\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x0e\n\x06\x63\x61\x63hed\x18\x04 \x01(\x08\x12\x0f\n\x07seconds\x18\x05 \x01(\x01\"Q\n\x11ScoreBatchRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12(\n\x05items\x18\x02 \x03(\x0b\x32\x19.flywheel.v1.ScoreRequest\"?\n\x12ScoreBatchResponse\x12)\n\x07results\x18\x01 \x03(\x0b\x32\x18.flywheel.v1.ScoreResult\"\xa6\x01\n\x15ListFunctionsResponse\x12\r\n\x05names\x18\x01 \x03(\t\x12\x12\n\ndefault_fn\x18\x02 \x01(\t\x12\x16\n\x0emax_batch_size\x18\x03 \x01(\x05\x12\x1b\n\x13\x64\x65\x66\x61ult_deadline_ms\x18\x04 \x01(\x05\x12\x17\n\x0fmax_deadline_ms\x18\x05 \x01(\x05\x12\x1c\n\x14max_completion_bytes\x18\x06 \x01(\x03*\x98\x01\n\x0cRewardStatus\x12\x1d\n\x19REWARD_STATUS_UNSPECIFIED\x10\x00\x12\x14\n\x10REWARD_STATUS_OK\x10\x01\x12\x19\n\x15REWARD_STATUS_TIMEOUT\x10\x02\x12\x17\n\x13REWARD_STATUS_ERROR\x10\x03\x12\x1f\n\x1bREWARD_STATUS_INVALID_INPUT\x10\x04\x32\xe5\x01\n\rRewardService\x12<\n\x05Score\x12\x19.flywheel.v1.ScoreRequest\x1a\x18.flywheel.v1.ScoreResult\x12M\n\nScoreBatch\x12\x1e.flywheel.v1.ScoreBatchRequest\x1a\x1f.flywheel.v1.ScoreBatchResponse\x12G\n\rListFunctions\x12\x12.flywheel.v1.Empty\x1a\".flywheel.v1.ListFunctionsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'flywheel.v1.reward_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_REWARDSTATUS']._serialized_start=587
-  _globals['_REWARDSTATUS']._serialized_end=739
+  _globals['_REWARDSTATUS']._serialized_start=696
+  _globals['_REWARDSTATUS']._serialized_end=848
   _globals['_SCOREREQUEST']._serialized_start=68
   _globals['_SCOREREQUEST']._serialized_end=252
   _globals['_SCORERESULT']._serialized_start=254
@@ -43,8 +43,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SCOREBATCHREQUEST']._serialized_end=459
   _globals['_SCOREBATCHRESPONSE']._serialized_start=461
   _globals['_SCOREBATCHRESPONSE']._serialized_end=524
-  _globals['_LISTFUNCTIONSRESPONSE']._serialized_start=526
-  _globals['_LISTFUNCTIONSRESPONSE']._serialized_end=584
-  _globals['_REWARDSERVICE']._serialized_start=742
-  _globals['_REWARDSERVICE']._serialized_end=971
+  _globals['_LISTFUNCTIONSRESPONSE']._serialized_start=527
+  _globals['_LISTFUNCTIONSRESPONSE']._serialized_end=693
+  _globals['_REWARDSERVICE']._serialized_start=851
+  _globals['_REWARDSERVICE']._serialized_end=1080
 # @@protoc_insertion_point(module_scope)

@@ -73,9 +73,17 @@ class ScoreBatchResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[ScoreResult, _Mapping]]] = ...) -> None: ...
 
 class ListFunctionsResponse(_message.Message):
-    __slots__ = ("names", "default_fn")
+    __slots__ = ("names", "default_fn", "max_batch_size", "default_deadline_ms", "max_deadline_ms", "max_completion_bytes")
     NAMES_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_FN_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_COMPLETION_BYTES_FIELD_NUMBER: _ClassVar[int]
     names: _containers.RepeatedScalarFieldContainer[str]
     default_fn: str
-    def __init__(self, names: _Optional[_Iterable[str]] = ..., default_fn: _Optional[str] = ...) -> None: ...
+    max_batch_size: int
+    default_deadline_ms: int
+    max_deadline_ms: int
+    max_completion_bytes: int
+    def __init__(self, names: _Optional[_Iterable[str]] = ..., default_fn: _Optional[str] = ..., max_batch_size: _Optional[int] = ..., default_deadline_ms: _Optional[int] = ..., max_deadline_ms: _Optional[int] = ..., max_completion_bytes: _Optional[int] = ...) -> None: ...

@@ -28,7 +28,11 @@ if _version_not_supported:
 
 
 class RewardServiceStub:
-    """Missing associated documentation comment in .proto file."""
+    """Every item gets a result with a status: a failing function never fails the RPC. The RPC
+    itself fails only for the request as a whole: INVALID_ARGUMENT (too many items, unknown
+    function, bad deadline, request_id reused for a different request), RESOURCE_EXHAUSTED
+    (queue full; retry after the `retry-after-ms` trailer), UNAVAILABLE (shutting down).
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -54,7 +58,11 @@ class RewardServiceStub:
 
 
 class RewardServiceServicer:
-    """Missing associated documentation comment in .proto file."""
+    """Every item gets a result with a status: a failing function never fails the RPC. The RPC
+    itself fails only for the request as a whole: INVALID_ARGUMENT (too many items, unknown
+    function, bad deadline, request_id reused for a different request), RESOURCE_EXHAUSTED
+    (queue full; retry after the `retry-after-ms` trailer), UNAVAILABLE (shutting down).
+    """
 
     def Score(self, request, context):
         """Missing associated documentation comment in .proto file."""
@@ -102,7 +110,11 @@ def add_RewardServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class RewardService:
-    """Missing associated documentation comment in .proto file."""
+    """Every item gets a result with a status: a failing function never fails the RPC. The RPC
+    itself fails only for the request as a whole: INVALID_ARGUMENT (too many items, unknown
+    function, bad deadline, request_id reused for a different request), RESOURCE_EXHAUSTED
+    (queue full; retry after the `retry-after-ms` trailer), UNAVAILABLE (shutting down).
+    """
 
     @staticmethod
     def Score(request,

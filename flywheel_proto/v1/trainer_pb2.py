@@ -26,7 +26,7 @@ _sym_db = _symbol_database.Default()
 from flywheel_proto.v1 import common_pb2 as flywheel_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x66lywheel/v1/trainer.proto\x12\x0b\x66lywheel.v1\x1a\x18\x66lywheel/v1/common.proto\"$\n\x0e\x43ontrolRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\xed\x01\n\rTrainerStatus\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0e\n\x06paused\x18\x03 \x01(\x08\x12\r\n\x05phase\x18\x04 \x01(\t\x12\x19\n\x11total_train_steps\x18\x05 \x01(\x03\x12=\n\nlast_stats\x18\x06 \x03(\x0b\x32).flywheel.v1.TrainerStatus.LastStatsEntry\x12\x12\n\nworld_size\x18\x07 \x01(\x05\x1a\x30\n\x0eLastStatsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"4\n\x16SaveCheckpointResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x32\xe4\x02\n\x0eTrainerService\x12\x38\n\x06Status\x12\x12.flywheel.v1.Empty\x1a\x1a.flywheel.v1.TrainerStatus\x12@\n\x05Pause\x12\x1b.flywheel.v1.ControlRequest\x1a\x1a.flywheel.v1.TrainerStatus\x12\x41\n\x06Resume\x12\x1b.flywheel.v1.ControlRequest\x1a\x1a.flywheel.v1.TrainerStatus\x12R\n\x0eSaveCheckpoint\x12\x1b.flywheel.v1.ControlRequest\x1a#.flywheel.v1.SaveCheckpointResponse\x12?\n\x04Stop\x12\x1b.flywheel.v1.ControlRequest\x1a\x1a.flywheel.v1.TrainerStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x66lywheel/v1/trainer.proto\x12\x0b\x66lywheel.v1\x1a\x18\x66lywheel/v1/common.proto\"$\n\x0e\x43ontrolRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\xf8\x02\n\rTrainerStatus\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0e\n\x06paused\x18\x03 \x01(\x08\x12\r\n\x05phase\x18\x04 \x01(\t\x12\x19\n\x11total_train_steps\x18\x05 \x01(\x03\x12=\n\nlast_stats\x18\x06 \x03(\x0b\x32).flywheel.v1.TrainerStatus.LastStatsEntry\x12\x12\n\nworld_size\x18\x07 \x01(\x05\x12\x17\n\x0flast_checkpoint\x18\x08 \x01(\t\x12\x1c\n\x14last_checkpoint_step\x18\t \x01(\x03\x12\x17\n\x0fskipped_updates\x18\n \x01(\x03\x12!\n\x19unhealthy_replica_updates\x18\x0b \x01(\x03\x12\x16\n\x0elast_step_unix\x18\x0c \x01(\x01\x1a\x30\n\x0eLastStatsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"E\n\x16SaveCheckpointResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x0f\n\x07version\x18\x03 \x01(\x03\x32\xe4\x02\n\x0eTrainerService\x12\x38\n\x06Status\x12\x12.flywheel.v1.Empty\x1a\x1a.flywheel.v1.TrainerStatus\x12@\n\x05Pause\x12\x1b.flywheel.v1.ControlRequest\x1a\x1a.flywheel.v1.TrainerStatus\x12\x41\n\x06Resume\x12\x1b.flywheel.v1.ControlRequest\x1a\x1a.flywheel.v1.TrainerStatus\x12R\n\x0eSaveCheckpoint\x12\x1b.flywheel.v1.ControlRequest\x1a#.flywheel.v1.SaveCheckpointResponse\x12?\n\x04Stop\x12\x1b.flywheel.v1.ControlRequest\x1a\x1a.flywheel.v1.TrainerStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,11 +38,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CONTROLREQUEST']._serialized_start=68
   _globals['_CONTROLREQUEST']._serialized_end=104
   _globals['_TRAINERSTATUS']._serialized_start=107
-  _globals['_TRAINERSTATUS']._serialized_end=344
-  _globals['_TRAINERSTATUS_LASTSTATSENTRY']._serialized_start=296
-  _globals['_TRAINERSTATUS_LASTSTATSENTRY']._serialized_end=344
-  _globals['_SAVECHECKPOINTRESPONSE']._serialized_start=346
-  _globals['_SAVECHECKPOINTRESPONSE']._serialized_end=398
-  _globals['_TRAINERSERVICE']._serialized_start=401
-  _globals['_TRAINERSERVICE']._serialized_end=757
+  _globals['_TRAINERSTATUS']._serialized_end=483
+  _globals['_TRAINERSTATUS_LASTSTATSENTRY']._serialized_start=435
+  _globals['_TRAINERSTATUS_LASTSTATSENTRY']._serialized_end=483
+  _globals['_SAVECHECKPOINTRESPONSE']._serialized_start=485
+  _globals['_SAVECHECKPOINTRESPONSE']._serialized_end=554
+  _globals['_TRAINERSERVICE']._serialized_start=557
+  _globals['_TRAINERSERVICE']._serialized_end=913
 # @@protoc_insertion_point(module_scope)

@@ -15,7 +15,7 @@ class ControlRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ...) -> None: ...
 
 class TrainerStatus(_message.Message):
-    __slots__ = ("step", "version", "paused", "phase", "total_train_steps", "last_stats", "world_size")
+    __slots__ = ("step", "version", "paused", "phase", "total_train_steps", "last_stats", "world_size", "last_checkpoint", "last_checkpoint_step", "skipped_updates", "unhealthy_replica_updates", "last_step_unix")
     class LastStatsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -30,6 +30,11 @@ class TrainerStatus(_message.Message):
     TOTAL_TRAIN_STEPS_FIELD_NUMBER: _ClassVar[int]
     LAST_STATS_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    LAST_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    LAST_CHECKPOINT_STEP_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_UPDATES_FIELD_NUMBER: _ClassVar[int]
+    UNHEALTHY_REPLICA_UPDATES_FIELD_NUMBER: _ClassVar[int]
+    LAST_STEP_UNIX_FIELD_NUMBER: _ClassVar[int]
     step: int
     version: int
     paused: bool
@@ -37,12 +42,19 @@ class TrainerStatus(_message.Message):
     total_train_steps: int
     last_stats: _containers.ScalarMap[str, float]
     world_size: int
-    def __init__(self, step: _Optional[int] = ..., version: _Optional[int] = ..., paused: _Optional[bool] = ..., phase: _Optional[str] = ..., total_train_steps: _Optional[int] = ..., last_stats: _Optional[_Mapping[str, float]] = ..., world_size: _Optional[int] = ...) -> None: ...
+    last_checkpoint: str
+    last_checkpoint_step: int
+    skipped_updates: int
+    unhealthy_replica_updates: int
+    last_step_unix: float
+    def __init__(self, step: _Optional[int] = ..., version: _Optional[int] = ..., paused: _Optional[bool] = ..., phase: _Optional[str] = ..., total_train_steps: _Optional[int] = ..., last_stats: _Optional[_Mapping[str, float]] = ..., world_size: _Optional[int] = ..., last_checkpoint: _Optional[str] = ..., last_checkpoint_step: _Optional[int] = ..., skipped_updates: _Optional[int] = ..., unhealthy_replica_updates: _Optional[int] = ..., last_step_unix: _Optional[float] = ...) -> None: ...
 
 class SaveCheckpointResponse(_message.Message):
-    __slots__ = ("path", "step")
+    __slots__ = ("path", "step", "version")
     PATH_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
     path: str
     step: int
-    def __init__(self, path: _Optional[str] = ..., step: _Optional[int] = ...) -> None: ...
+    version: int
+    def __init__(self, path: _Optional[str] = ..., step: _Optional[int] = ..., version: _Optional[int] = ...) -> None: ...

@@ -73,7 +73,7 @@ class TrainerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Pause(self, request, context):
-        """Stop taking new batches after the current step.
+        """Stop taking new batches after the current step (checkpoints and Stop still work).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -86,7 +86,9 @@ class TrainerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def SaveCheckpoint(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Write a checkpoint at the next step boundary and answer with its path. Retrying with the
+        same request_id answers with the same checkpoint instead of writing another.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')

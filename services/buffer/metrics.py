@@ -87,7 +87,10 @@ class SnapshotCollector(Collector):
             "reserved_groups": (s.running, "Capacity reservations outstanding."),
             "accepted_groups": (s.accepted, "Admitted groups not dropped later (AReaL accepted)."),
             "version": (s.version, "The trainer's current policy version."),
-            "invariant_ok": (int(s.invariant_ok), "1 when put = acked + dropped + pending + in_flight."),
+            "invariant_ok": (
+                int(s.invariant_ok),
+                "1 when put = acked + dropped + pending + in_flight.",
+            ),
             "stats_age_seconds": (time.time() - self.taken_at, "Age of this Redis snapshot."),
         }
         for name, (value, doc) in gauges.items():

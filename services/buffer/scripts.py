@@ -163,17 +163,21 @@ return {'counted', int(v)}
 )
 
 # ARGV: P, consumer, n, eta, idle_ms, allow_partial(0|1), request_id, rq_ttl_s, tomb_ttl_s,
-#       retain
-# -> {version, dropped_stale, redelivered, replayed(0|1), gid1, ov1, dc1, payload1, gid2, ...}
+#       retain, max_reply_bytes
+# -> {version, dropped_stale, redelivered, replayed(0|1), too_big_bytes,
+#     gid1, ov1, dc1, payload1, gid2, ...}
+# too_big_bytes > 0: the n groups at the head hold that many bytes, more than one reply may
+# carry; nothing was handed out (ask for fewer groups per claim).
 CLAIM = (
     PRELUDE
     + r"""
 local consumer, n, eta, idle_ms = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local allow_partial, rid = ARGV[6], ARGV[7]
 local rq_ttl, tomb_ttl, retain = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+local max_reply = tonumber(ARGV[11])
 local now = now_ms()
 local v = version()
-local out = {int(v), 0, 0, 0}
+local out = {int(v), 0, 0, 0, 0}
 local function hand_out(gid, again)
   local g = gkey(gid)
   redis.call('ZADD', INFLIGHT, int(now), gid)
@@ -226,6 +230,19 @@ end
 out[2] = #stale
 if redis.call('ZCARD', PENDING) < n and allow_partial ~= '1' then return out end
 local members = redis.call('ZRANGE', PENDING, 0, n - 1)
+local total = 0
+local fit = 0
+for _, member in ipairs(members) do
+  total = total + tonumber(redis.call('HGET', gkey(string.sub(member, 18)), 'b') or '0')
+  if total <= max_reply then fit = fit + 1 end
+end
+if fit < #members then
+  if allow_partial ~= '1' or fit == 0 then
+    out[5] = int(total)
+    return out
+  end
+  for i = #members, fit + 1, -1 do table.remove(members, i) end
+end
 local gids = {}
 for _, member in ipairs(members) do
   local gid = string.sub(member, 18)
@@ -294,6 +311,30 @@ if dropped > 0 then
   redis.call('HINCRBY', CTR, 'accepted', -dropped)
 end
 return dropped
+"""
+)
+
+# Give claimed groups back to pending, in their original order, as if never handed out
+# (a claim that could not complete its batch). ARGV: P, consumer, gid... -> number returned
+UNCLAIM = (
+    PRELUDE
+    + r"""
+local consumer = ARGV[2]
+local back = 0
+for i = 3, #ARGV do
+  local g = gkey(ARGV[i])
+  local f = redis.call('HMGET', g, 'st', 'c', 'ov', 'm')
+  if f[1] == 'in_flight' and f[2] == consumer then
+    redis.call('ZREM', INFLIGHT, ARGV[i])
+    redis.call('ZADD', PENDING, f[3], f[4])
+    redis.call('HSET', g, 'st', 'pending')
+    redis.call('HDEL', g, 'c')
+    redis.call('HINCRBY', g, 'dc', -1)
+    back = back + 1
+  end
+end
+if back > 0 then redis.call('HINCRBY', CTR, 'claimed', -back) end
+return back
 """
 )
 
@@ -391,6 +432,7 @@ ALL = {
     "claim": CLAIM,
     "ack": ACK,
     "drop_claimed": DROP_CLAIMED,
+    "unclaim": UNCLAIM,
     "reserve": RESERVE,
     "release": RELEASE,
     "capacity": CAPACITY,

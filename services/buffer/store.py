@@ -54,6 +54,7 @@ class StoreSettings:
     tombstone_ttl_s: int = 7 * 24 * 3600
     request_id_ttl_s: int = 3600
     retain_acked_groups: int = 0
+    max_reply_bytes: int = 60 << 20
     staleness_check: bool = True
 
     @property
@@ -88,6 +89,7 @@ class ClaimOutcome:
     redelivered: int
     replayed: bool
     groups: list[ClaimedGroup]
+    too_big_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -271,7 +273,9 @@ class RedisStore:
 
     async def capacity(self) -> Capacity:
         r = await self._run("capacity", *self._capacity_args())
-        return Capacity(capacity=int(r[0]), version=int(r[1]), running=int(r[2]), accepted=int(r[3]))
+        return Capacity(
+            capacity=int(r[0]), version=int(r[1]), running=int(r[2]), accepted=int(r[3])
+        )
 
     # -- claim / ack -------------------------------------------------------------------
     async def claim(
@@ -294,6 +298,7 @@ class RedisStore:
             s.request_id_ttl_s,
             s.tombstone_ttl_s,
             s.retain_acked_groups,
+            s.max_reply_bytes,
         )
         groups = [
             ClaimedGroup(
@@ -302,13 +307,14 @@ class RedisStore:
                 deliveries=int(r[i + 2]),
                 payload=bytes(r[i + 3]),
             )
-            for i in range(4, len(r), 4)
+            for i in range(5, len(r), 4)
         ]
         return ClaimOutcome(
             version=int(r[0]),
             dropped_stale=int(r[1]),
             redelivered=int(r[2]),
             replayed=bool(int(r[3])),
+            too_big_bytes=int(r[4]),
             groups=groups,
         )
 
@@ -316,9 +322,13 @@ class RedisStore:
         if not group_ids:
             return 0
         s = self.settings
-        return int(
-            await self._run("ack", s.tombstone_ttl_s, s.retain_acked_groups, *group_ids)
-        )
+        return int(await self._run("ack", s.tombstone_ttl_s, s.retain_acked_groups, *group_ids))
+
+    async def unclaim(self, group_ids: Sequence[str], consumer_id: str) -> int:
+        """Return this consumer's claimed groups to pending, as if never handed out."""
+        if not group_ids:
+            return 0
+        return int(await self._run("unclaim", consumer_id, *group_ids))
 
     async def drop_claimed(self, group_ids: Sequence[str], reason: str) -> int:
         if reason not in DROP_REASONS:

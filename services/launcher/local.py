@@ -45,6 +45,7 @@ class LocalRun:
         self.scraped: dict[str, set[str]] = {}
         self.rollout_versions: list[int] = []
         self._stop = threading.Event()
+        self.restarts = 0
         self.start_time = time.time()
 
     # ---- preparation -------------------------------------------------------------------
@@ -112,9 +113,14 @@ class LocalRun:
             echo=os.environ.get("FLYWHEEL_ECHO_LOGS", "0") == "1",
         ).start()
         self.procs.append(proc)
+        self._write_pids()
         wait_until_serving(proc, address, self.cfg.launcher.startup_timeout)
         _say(f"{name} is SERVING on {address} (pid {proc.pid})")
         return proc
+
+    def _write_pids(self) -> None:
+        pids = {p.name: p.pid for p in self.procs}
+        (self.run_dir / "pids.json").write_text(json.dumps(pids))
 
     def start_services(self, config_path: Path) -> None:
         s, lc = self.cfg.services, self.cfg.launcher
@@ -243,10 +249,31 @@ class LocalRun:
                     )
                     return 1
                 return 0
-            for proc in self.procs:
+            for proc in list(self.procs):
                 if proc is not trainer and not proc.alive():
-                    raise ServiceFailed(proc, f"died with code {proc.poll()}")
+                    self._restart_or_fail(proc)
             time.sleep(1.0)
+
+    def _restart_or_fail(self, proc: ServiceProcess) -> None:
+        """A dead rollout replica is restarted (its groups already put are safe in the buffer,
+        its reservations are released by the new replica); any other death ends the run."""
+        limit = self.cfg.launcher.max_restarts
+        if not proc.name.startswith("rollout-") or self.restarts >= limit:
+            raise ServiceFailed(proc, f"died with code {proc.poll()} ({self.restarts} restarts)")
+        self.restarts += 1
+        _say(f"{proc.name} died with code {proc.poll()}: restarting ({self.restarts}/{limit})")
+        proc.wait()
+        self.procs.remove(proc)
+        i = int(proc.name.split("-")[1])
+        s = self.cfg.services
+        self._start(
+            proc.name,
+            "services.rollout",
+            self.run_dir / "config.yaml",
+            ["--replica-index", str(i)],
+            f"{s.rollout.host}:{s.rollout.port + i}",
+            self.cfg.launcher.rollout_cpus,
+        )
 
     def _progress(self, step: int, total: int | None) -> None:
         last = self.tail.last

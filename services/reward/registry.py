@@ -35,6 +35,7 @@ class RewardFn(Protocol):
 BUILTINS: dict[str, str] = {
     "gsm8k": "services.reward.builtins:gsm8k_reward",
     "math": "services.reward.builtins:math_reward",
+    "math_verify": "services.reward.builtins:math_reward",
     "exact_match": "services.reward.builtins:exact_match_reward",
     "geometry3k": "services.reward.builtins:geometry3k_reward",
     "clevr_count": "services.reward.builtins:clevr_count_reward",
@@ -44,7 +45,9 @@ BUILTINS: dict[str, str] = {
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 DOTTED_PATH_RE = re.compile(rf"{_IDENT}(?:\.{_IDENT})*:{_IDENT}(?:\.{_IDENT})*")
-NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}")
+# `pkg.module.fn` (no colon) is accepted too and read as `pkg.module:fn`.
+_DOTTED_NO_COLON_RE = re.compile(rf"{_IDENT}(?:\.{_IDENT})+")
+NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_\-]{0,63}")
 
 
 class UnknownFunctionError(ValueError):
@@ -58,7 +61,15 @@ class ResolvedFn:
 
 
 def is_dotted_path(s: str) -> bool:
-    return DOTTED_PATH_RE.fullmatch(s) is not None
+    return DOTTED_PATH_RE.fullmatch(s) is not None or _DOTTED_NO_COLON_RE.fullmatch(s) is not None
+
+
+def canonical_path(s: str) -> str:
+    """`pkg.module:fn` as is; `pkg.module.fn` → `pkg.module:fn`."""
+    if ":" in s:
+        return s
+    module, _, attr = s.rpartition(".")
+    return f"{module}:{attr}"
 
 
 class RewardRegistry:
@@ -75,14 +86,15 @@ class RewardRegistry:
         self.allow_dotted_paths = allow_dotted_paths
         for name, path in (functions or {}).items():
             self.register(name, path)
-        self._by_path = {path: name for name, path in self._by_name.items()}
+        self._by_path: dict[str, str] = {}
+        self._reindex()
         self.default = self.resolve(default, _checking_default=True)
 
     def register(self, name: str, path: str) -> None:
         """Add a named function; a name taken twice is an error (no silent override)."""
         if not NAME_RE.fullmatch(name):
             raise ValueError(
-                f"reward.functions: name {name!r} must be letters, digits, '_', '.', '-' "
+                f"reward.functions: name {name!r} must be letters, digits, '_', '-' "
                 "(at most 64 characters)"
             )
         if name in self._by_name:
@@ -95,8 +107,14 @@ class RewardRegistry:
                 f"reward.functions.{name}: {path!r} is not a dotted path; "
                 "write it as 'package.module:function'"
             )
-        self._by_name[name] = path
-        self._by_path = {p: n for n, p in self._by_name.items()}
+        self._by_name[name] = canonical_path(path)
+        self._reindex()
+
+    def _reindex(self) -> None:
+        """Path → the first name registered for it (`math` before its alias `math_verify`)."""
+        self._by_path = {}
+        for name, path in self._by_name.items():
+            self._by_path.setdefault(path, name)
 
     def names(self) -> list[str]:
         return sorted(self._by_name)
@@ -114,10 +132,11 @@ class RewardRegistry:
         if fn in self._by_name:
             return ResolvedFn(fn, self._by_name[fn])
         if is_dotted_path(fn):
-            if fn in self._by_path:
-                return ResolvedFn(self._by_path[fn], fn)
+            path = canonical_path(fn)
+            if path in self._by_path:
+                return ResolvedFn(self._by_path[path], path)
             if self.allow_dotted_paths or _checking_default:
-                return ResolvedFn(fn, fn)
+                return ResolvedFn(path, path)
             raise UnknownFunctionError(
                 f"fn {fn!r}: dotted paths in requests must be registered in "
                 "reward.functions (or set reward.allow_dotted_paths=true); "
@@ -133,7 +152,7 @@ def load_callable(path: str) -> Callable[..., Any]:
     """Import `package.module:attr[.attr]` and return the callable (worker side only)."""
     if not is_dotted_path(path):
         raise ValueError(f"{path!r} is not a dotted path 'package.module:function'")
-    module_name, _, attr_path = path.partition(":")
+    module_name, _, attr_path = canonical_path(path).partition(":")
     obj: Any = importlib.import_module(module_name)
     for part in attr_path.split("."):
         obj = getattr(obj, part)

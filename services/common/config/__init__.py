@@ -4,8 +4,13 @@
 (`actor.eps_clip=0.3`, `+actor.new_key=1`), resolves `${a.b}` interpolation and
 validates everything; any problem raises `ConfigError` naming the field path, the bad
 value and the fix. Importable without torch.
+
+Note for code that builds configs directly: AReaL's default `actor.kl_ctl` is 0.1, and a
+KL penalty needs a reference model, so a bare `FlywheelConfig()` is rejected. Use
+`load_config("examples/grpo.yaml")`, or pass `actor={"kl_ctl": 0.0}` (or a `ref`).
 """
 
+from ._base import FlywheelModel, RuleViolation
 from .actor import (
     FSDPEngineConfig,
     FSDPWrapPolicy,
@@ -19,19 +24,46 @@ from .actor import (
 )
 from .buffer import BufferConfig
 from .dataset import DatasetConfig
+from .errors import ConfigError, ConfigIssue
 from .generation import GenerationHyperparameters
+from .launcher import EvalConfig, LauncherConfig, TinyModelConfig, WarmStartConfig
+from .loader import (
+    apply_override,
+    load_config,
+    load_raw,
+    parse_value,
+    resolve_interpolations,
+    to_yaml,
+    validate,
+)
 from .reward import RewardConfig
 from .rollout import RolloutConfig, SGLangServerConfig
 from .root import ClusterSpecConfig, FlywheelConfig
 from .scheduler import SchedulerConfig
-from .services import EndpointConfig, ServicesConfig
+from .services import EndpointConfig, RolloutEndpointConfig, ServicesConfig
 from .trainer import TrainerConfig
 
 __all__ = [
+    "ConfigError",
+    "ConfigIssue",
+    "FlywheelModel",
+    "RuleViolation",
+    "apply_override",
+    "load_config",
+    "load_raw",
+    "parse_value",
+    "resolve_interpolations",
+    "to_yaml",
+    "validate",
     "BufferConfig",
     "ClusterSpecConfig",
     "DatasetConfig",
     "EndpointConfig",
+    "EvalConfig",
+    "LauncherConfig",
+    "RolloutEndpointConfig",
+    "TinyModelConfig",
+    "WarmStartConfig",
     "FSDPEngineConfig",
     "FSDPWrapPolicy",
     "FlywheelConfig",

@@ -46,3 +46,40 @@ class BufferConfig(FlywheelModel):
 
     tokenizer_path: str | None = None
     """Tokenizer for filters that read text; null uses the actor's `path`."""
+
+    # -- added by the buffer service (issue 4) ------------------------------------------
+    reservation_timeout_s: float = Field(default=1800.0, gt=0.0)
+    """A capacity reservation neither fulfilled nor released within this time is given
+    back (a rollout replica died holding it)."""
+
+    retry_after_ms: int = Field(default=500, ge=1)
+    """Hint sent with RESOURCE_EXHAUSTED (buffer full) and with empty reservations: how
+    long a producer should wait before trying again."""
+
+    claim_poll_ms: int = Field(default=25, ge=1)
+    """While a claim waits for enough groups, how often it looks again for groups put
+    through another buffer replica (puts through this one wake it at once)."""
+
+    tombstone_ttl_s: int = Field(default=7 * 24 * 3600, ge=0)
+    """How long the id of an acked or dropped group is remembered, so a late retried put
+    stores nothing; 0 remembers forever."""
+
+    request_id_ttl_s: int = Field(default=3600, ge=1)
+    """How long answers of Claim/ReserveCapacity/SetVersion are kept by `request_id`, so
+    a retried call gets the same answer."""
+
+    retain_acked_groups: int = Field(default=0, ge=0)
+    """Keep the payloads of the most recent this-many acked groups (for Export and replay
+    of what the trainer actually used); 0 deletes payloads at ack."""
+
+    export_dir: str | None = None
+    """Directory Export writes into (paths are resolved inside it); null means
+    `<cluster.fileroot>/<experiment>/<trial>/buffer_exports`."""
+
+    replay_path: str | None = None
+    """A JSONL file written by Export: the buffer serves exactly these groups to the
+    trainer (train-only debugging run) and refuses puts; null is normal operation."""
+
+    health_check_interval_s: float = Field(default=0.5, gt=0.0)
+    """How often Redis is pinged; while it does not answer the buffer reports
+    NOT_SERVING and RPCs get UNAVAILABLE."""

@@ -34,7 +34,7 @@ class WarmStartConfig(FlywheelModel):
     enabled: bool = True
     """Run the supervised warm start on the freshly written tiny model."""
 
-    steps: int = Field(default=340, ge=0)
+    steps: int = Field(default=220, ge=0)
     """Optimizer steps."""
 
     batch_size: int = Field(default=128, ge=1)
@@ -81,6 +81,10 @@ class LauncherConfig(FlywheelModel):
 
     startup_timeout: float = Field(default=180.0, gt=0.0)
     """Seconds each service may take to report SERVING."""
+
+    max_restarts: int = Field(default=3, ge=0)
+    """Times a dead rollout replica is restarted before the run fails (other services
+    failing end the run at once: their state is not safe to resume blindly)."""
 
     progress: bool = True
     """Show the one-line progress display."""

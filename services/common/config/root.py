@@ -11,12 +11,12 @@ from .actor import PPOActorConfig, PPOCriticConfig, TrainEngineConfig
 from .buffer import BufferConfig
 from .dataset import DatasetConfig
 from .generation import GenerationHyperparameters
+from .launcher import LauncherConfig
 from .reward import RewardConfig
 from .rollout import RolloutConfig
 from .scheduler import SchedulerConfig
 from .services import ServicesConfig
 from .trainer import TrainerConfig
-
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -86,6 +86,9 @@ class FlywheelConfig(FlywheelModel):
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     """Where services run."""
 
+    launcher: LauncherConfig = Field(default_factory=LauncherConfig)
+    """What the local launcher prepares (tiny model, warm start) and how it evaluates."""
+
     train_dataset: DatasetConfig = Field(default_factory=DatasetConfig)
     """Training prompts."""
 
@@ -153,22 +156,24 @@ class FlywheelConfig(FlywheelModel):
 
     def _check_ports(self) -> None:
         taken: dict[tuple[str, int], str] = {}
-        replicas = self.rollout.n_replicas
         for name in ("rollout", "reward", "buffer", "trainer"):
             endpoint = getattr(self.services, name)
-            count = replicas if name == "rollout" else 1
+            count = self.rollout.n_replicas if name == "rollout" else 1
             for kind in ("port", "metrics_port"):
-                base = getattr(endpoint, kind)
-                if base == 0:
+                if getattr(endpoint, kind) == 0:
                     continue
                 for i in range(count):
-                    key = (endpoint.host, base + i)
+                    if name == "rollout":
+                        host, port = endpoint.replica_host(i), endpoint.replica_port(i, kind)
+                    else:
+                        host, port = endpoint.host, getattr(endpoint, kind)
                     path = f"services.{name}.{kind}"
-                    if key in taken:
+                    if (host, port) in taken:
                         raise RuleViolation(
                             path,
-                            base,
-                            f"port {base + i} on {endpoint.host} is also {taken[key]}; give "
-                            "every service its own ports (rollout replica i uses port + i)",
+                            getattr(endpoint, kind),
+                            f"port {port} on {host} is also {taken[(host, port)]}; give every "
+                            "service its own ports (rollout replica i uses port + "
+                            "port_stride * i)",
                         )
-                    taken[key] = path
+                    taken[(host, port)] = path

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ._base import FlywheelModel
 
@@ -28,8 +29,41 @@ class EndpointConfig(FlywheelModel):
         return f"{self.host}:{self.port}"
 
 
-def _endpoint(port: int, metrics_port: int) -> EndpointConfig:
-    return EndpointConfig(port=port, metrics_port=metrics_port)
+class RolloutEndpointConfig(EndpointConfig):
+    """Addresses of the rollout replicas: replica i is `replica_host(i)` on
+    `port + port_stride * i` (and `metrics_port + port_stride * i`)."""
+
+    port_stride: int = Field(default=1, ge=0)
+    """Port step between replicas: 1 on one host; 0 in containers, where every replica
+    has its own IP and listens on the same port."""
+
+    def replica_host(self, index: int) -> str:
+        """Host of replica `index`: `host` with `{i}` replaced by the index (a StatefulSet
+        pod name such as `flywheel-rollout-{i}.flywheel-rollout-headless`)."""
+        return self.host.replace("{i}", str(index))
+
+    def replica_port(self, index: int, kind: str = "port") -> int:
+        """gRPC (`kind="port"`) or metrics (`kind="metrics_port"`) port of replica `index`;
+        0 stays 0 (pick a free port)."""
+        base = self.port if kind == "port" else self.metrics_port
+        return 0 if base == 0 else base + self.port_stride * index
+
+    def replica_address(self, index: int) -> str:
+        """`host:port` of replica `index` for gRPC clients."""
+        return f"{self.replica_host(index)}:{self.replica_port(index)}"
+
+
+_DEFAULT_PORTS = {
+    "rollout": (50100, 9200),
+    "reward": (50051, 9101),
+    "buffer": (50052, 9102),
+    "trainer": (50053, 9103),
+}
+
+
+def _ports(name: str) -> dict[str, int]:
+    port, metrics_port = _DEFAULT_PORTS[name]
+    return {"port": port, "metrics_port": metrics_port}
 
 
 def _token_from_env() -> str | None:
@@ -39,20 +73,34 @@ def _token_from_env() -> str | None:
 class ServicesConfig(FlywheelModel):
     """Network settings shared by every service."""
 
-    rollout: EndpointConfig = Field(default_factory=lambda: _endpoint(50051, 9101))
-    """Rollout service (replica i uses `port + i` and `metrics_port + i`)."""
+    rollout: RolloutEndpointConfig = Field(
+        default_factory=lambda: RolloutEndpointConfig(**_ports("rollout"))
+    )
+    """Rollout service; replica i is at `replica_address(i)` (`port + port_stride * i`)."""
 
-    reward: EndpointConfig = Field(default_factory=lambda: _endpoint(50052, 9102))
+    reward: EndpointConfig = Field(default_factory=lambda: EndpointConfig(**_ports("reward")))
     """Reward service."""
 
-    buffer: EndpointConfig = Field(default_factory=lambda: _endpoint(50053, 9103))
+    buffer: EndpointConfig = Field(default_factory=lambda: EndpointConfig(**_ports("buffer")))
     """Buffer service."""
 
-    trainer: EndpointConfig = Field(default_factory=lambda: _endpoint(50054, 9104))
+    trainer: EndpointConfig = Field(default_factory=lambda: EndpointConfig(**_ports("trainer")))
     """Trainer service (rank 0)."""
 
     auth_token: str | None = Field(default_factory=_token_from_env)
     """Bearer token every RPC must carry; defaults to `$FLYWHEEL_TOKEN`; null disables auth."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_ports(cls, data: Any) -> Any:
+        # A block that sets only `host` keeps its service's default ports (not 0).
+        if isinstance(data, dict):
+            data = dict(data)
+            for name in _DEFAULT_PORTS:
+                block = data.get(name)
+                if isinstance(block, dict):
+                    data[name] = {**_ports(name), **block}
+        return data
 
     max_message_bytes: int = Field(default=64 << 20, ge=4 << 20)
     """Largest gRPC message sent or received (the 4 MiB gRPC default is too small for

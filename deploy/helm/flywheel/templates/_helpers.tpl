@@ -1,0 +1,362 @@
+{{/* Names ---------------------------------------------------------------------------- */}}
+{{- define "flywheel.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Release-wide prefix; short enough that "<prefix>-rollout-headless" fits 63 chars. */}}
+{{- define "flywheel.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "flywheel.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* "<fullname>-<component>"; call with (dict "root" $ "component" "buffer"). */}}
+{{- define "flywheel.componentName" -}}
+{{- printf "%s-%s" (include "flywheel.fullname" .root) .component -}}
+{{- end -}}
+
+{{/* Labels -------------------------------------------------------------------------- */}}
+{{- define "flywheel.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "flywheel.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "flywheel.labels" -}}
+helm.sh/chart: {{ include "flywheel.chart" .root }}
+{{ include "flywheel.selectorLabels" . }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/part-of: flywheel
+{{- with .root.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Images -------------------------------------------------------------------------- */}}
+{{- define "flywheel.image" -}}
+{{- $root := .root -}}
+{{- $img := .image | default dict -}}
+{{- $repo := default $root.Values.image.repository $img.repository -}}
+{{- $tag := default (default $root.Chart.AppVersion $root.Values.image.tag) $img.tag -}}
+{{- printf "%s:%s" $repo $tag -}}
+{{- end -}}
+
+{{/* Secrets ------------------------------------------------------------------------- */}}
+{{- define "flywheel.redisSecretName" -}}
+{{- if .Values.redis.enabled -}}
+{{- default (printf "%s-redis" (include "flywheel.fullname" .)) .Values.redis.auth.existingSecret -}}
+{{- else -}}
+{{- default (printf "%s-redis" (include "flywheel.fullname" .)) .Values.externalRedis.existingSecret -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "flywheel.redisSecretKey" -}}
+{{- if .Values.redis.enabled -}}
+{{- .Values.redis.auth.existingSecretPasswordKey -}}
+{{- else -}}
+{{- .Values.externalRedis.existingSecretPasswordKey -}}
+{{- end -}}
+{{- end -}}
+
+{{/* True when the buffer gets a Redis password at all. */}}
+{{- define "flywheel.redisHasPassword" -}}
+{{- if or .Values.redis.enabled .Values.externalRedis.password .Values.externalRedis.existingSecret -}}true{{- end -}}
+{{- end -}}
+
+{{- define "flywheel.tokenSecretName" -}}
+{{- default (printf "%s-token" (include "flywheel.fullname" .)) .Values.auth.existingSecret -}}
+{{- end -}}
+
+{{/* A generated secret value that survives upgrades: reuse what the cluster holds. */}}
+{{- define "flywheel.secretValue" -}}
+{{- $existing := lookup "v1" "Secret" .root.Release.Namespace .name -}}
+{{- if .value -}}
+{{- .value -}}
+{{- else if and $existing $existing.data (index $existing.data .key) -}}
+{{- index $existing.data .key | b64dec -}}
+{{- else -}}
+{{- randAlphaNum 32 -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Addresses ----------------------------------------------------------------------- */}}
+{{- define "flywheel.svcDomain" -}}
+{{- printf "%s.svc.%s" .Release.Namespace .Values.clusterDomain -}}
+{{- end -}}
+
+{{- define "flywheel.redisUrl" -}}
+{{- if .Values.redis.enabled -}}
+{{- printf "redis://%s-redis.%s:6379/0" (include "flywheel.fullname" .) (include "flywheel.svcDomain" .) -}}
+{{- else -}}
+{{- required "externalRedis.url is required when redis.enabled is false" .Values.externalRedis.url -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "flywheel.rolloutReplicas" -}}
+{{- if .Values.rollout.autoscaling.enabled -}}
+{{- .Values.rollout.autoscaling.maxReplicas -}}
+{{- else -}}
+{{- .Values.rollout.replicaCount -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Replica i of the rollout StatefulSet is "<fullname>-rollout-i" behind the headless
+     Service; with one replica the name is written out, with several the services format
+     "{i}" themselves. */}}
+{{- define "flywheel.rolloutHost" -}}
+{{- $full := include "flywheel.fullname" . -}}
+{{- $index := ternary "0" "{i}" (eq (int (include "flywheel.rolloutReplicas" .)) 1) -}}
+{{- printf "%s-rollout-%s.%s-rollout-headless.%s" $full $index $full (include "flywheel.svcDomain" .) -}}
+{{- end -}}
+
+{{- define "flywheel.trainerMaster" -}}
+{{- $full := include "flywheel.fullname" . -}}
+{{- printf "%s-trainer-0.%s-trainer-headless.%s" $full $full (include "flywheel.svcDomain" .) -}}
+{{- end -}}
+
+{{/* The Flywheel configuration every service reads: what the chart derives from its own
+     objects, with the user's `config` merged over it (the user's keys win). */}}
+{{- define "flywheel.config" -}}
+{{- $full := include "flywheel.fullname" . -}}
+{{- $domain := include "flywheel.svcDomain" . -}}
+{{- $derived := dict
+  "cluster" (dict "fileroot" .Values.sharedStorage.mountPath)
+  "buffer" (dict "redis_url" (include "flywheel.redisUrl" .))
+  "rollout" (dict "n_replicas" (int (include "flywheel.rolloutReplicas" .)))
+  "trainer" (dict
+      "n_ranks" (mul .Values.trainer.nodes .Values.trainer.nprocPerNode)
+      "backend" .Values.trainer.backend
+      "weight_transport" (ternary "disk" .Values.trainer.weightTransport .Values.rollout.autoscaling.enabled)
+      "master_addr" (include "flywheel.trainerMaster" .)
+      "master_port" (int .Values.trainer.rendezvousPort))
+  "services" (dict
+      "buffer" (dict "host" (printf "%s-buffer.%s" $full $domain) "port" (int .Values.buffer.ports.grpc) "metrics_port" (int .Values.buffer.ports.metrics))
+      "reward" (dict "host" (printf "%s-reward.%s" $full $domain) "port" (int .Values.reward.ports.grpc) "metrics_port" (int .Values.reward.ports.metrics))
+      "rollout" (dict "host" (include "flywheel.rolloutHost" .) "port" (int .Values.rollout.ports.grpc) "metrics_port" (int .Values.rollout.ports.metrics))
+      "trainer" (dict "host" (include "flywheel.trainerMaster" .) "port" (int .Values.trainer.ports.grpc) "metrics_port" (int .Values.trainer.ports.metrics)))
+-}}
+{{- if .Values.rollout.sglang.enabled -}}
+{{- $_ := set $derived.rollout "engine" "sglang" -}}
+{{- $_ := set $derived.rollout "sglang" (dict "url" (printf "http://127.0.0.1:%d" (int .Values.rollout.sglang.port))) -}}
+{{- end -}}
+{{- toYaml (mustMergeOverwrite $derived (deepCopy .Values.config)) -}}
+{{- end -}}
+
+{{/* Pod pieces ---------------------------------------------------------------------- */}}
+
+{{/* Environment every Flywheel container gets: secrets, never in args or the ConfigMap. */}}
+{{- define "flywheel.commonEnv" -}}
+- name: FLYWHEEL_CONFIG
+  value: /etc/flywheel/flywheel.yaml
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+{{- if .Values.auth.enabled }}
+- name: FLYWHEEL_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "flywheel.tokenSecretName" . }}
+      key: {{ .Values.auth.existingSecretKey }}
+{{- end }}
+{{- end -}}
+
+{{- define "flywheel.overrideArgs" -}}
+{{- range .Values.extraOverrides }}
+- {{ . | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* Probes: startup and readiness are native gRPC health checks of the service; liveness
+     is HTTP /healthz, because a service is deliberately NOT_SERVING while it drains or
+     applies new weights, and that must take it out of the Service, not restart it.
+     Call with (dict "probes" .Values.X.probes "ports" .Values.X.ports "service" "flywheel.v1.XService"). */}}
+{{- define "flywheel.probes" -}}
+{{- if .probes.startup.enabled }}
+startupProbe:
+  grpc:
+    port: {{ .ports.grpc }}
+    service: {{ .service }}
+  periodSeconds: {{ .probes.startup.periodSeconds }}
+  failureThreshold: {{ .probes.startup.failureThreshold }}
+  timeoutSeconds: 3
+{{- end }}
+{{- if .probes.readiness.enabled }}
+readinessProbe:
+  grpc:
+    port: {{ .ports.grpc }}
+    service: {{ .service }}
+  periodSeconds: {{ .probes.readiness.periodSeconds }}
+  failureThreshold: {{ .probes.readiness.failureThreshold }}
+  timeoutSeconds: 3
+{{- end }}
+{{- if .probes.liveness.enabled }}
+livenessProbe:
+  httpGet:
+    path: /healthz
+    port: metrics
+  periodSeconds: {{ .probes.liveness.periodSeconds }}
+  failureThreshold: {{ .probes.liveness.failureThreshold }}
+  timeoutSeconds: 3
+{{- end }}
+{{- end -}}
+
+{{- define "flywheel.ports" -}}
+ports:
+  - name: grpc
+    containerPort: {{ .grpc }}
+    protocol: TCP
+  - name: metrics
+    containerPort: {{ .metrics }}
+    protocol: TCP
+{{- end -}}
+
+{{/* Volumes of every Flywheel pod: the config, a writable /tmp (root fs is read-only). */}}
+{{- define "flywheel.baseVolumes" -}}
+- name: config
+  configMap:
+    name: {{ include "flywheel.fullname" . }}-config
+- name: tmp
+  emptyDir: {}
+{{- end -}}
+
+{{- define "flywheel.baseVolumeMounts" -}}
+- name: config
+  mountPath: /etc/flywheel
+  readOnly: true
+- name: tmp
+  mountPath: /tmp
+{{- end -}}
+
+{{- define "flywheel.sharedVolume" -}}
+{{- if .Values.sharedStorage.enabled }}
+- name: shared
+  persistentVolumeClaim:
+    claimName: {{ default (printf "%s-shared" (include "flywheel.fullname" .)) .Values.sharedStorage.existingClaim }}
+{{- end }}
+{{- end -}}
+
+{{- define "flywheel.sharedVolumeMount" -}}
+{{- if .Values.sharedStorage.enabled }}
+- name: shared
+  mountPath: {{ .Values.sharedStorage.mountPath }}
+{{- end }}
+{{- end -}}
+
+{{- define "flywheel.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "flywheel.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Pod-level settings shared by every Flywheel pod. Call with (dict "root" $ "svc" .Values.X). */}}
+{{- define "flywheel.podCommon" -}}
+serviceAccountName: {{ include "flywheel.serviceAccountName" .root }}
+automountServiceAccountToken: false
+securityContext:
+  {{- toYaml .root.Values.podSecurityContext | nindent 2 }}
+{{- with .root.Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- range . }}
+  - name: {{ . }}
+  {{- end }}
+{{- end }}
+{{- with .svc.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .svc.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .svc.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* The container of one Flywheel service. Call with (dict "root" $ "component" "buffer"
+     "svc" .Values.buffer "grpcService" "flywheel.v1.BufferService" "command" (list ...)
+     "extraArgs" (list ...) "extraEnv" "<yaml>" "extraMounts" "<yaml>"). The service binds
+     0.0.0.0 in its own pod; everyone else dials the name written in the ConfigMap. */}}
+{{- define "flywheel.serviceContainer" -}}
+{{- $root := .root -}}
+- name: {{ .component }}
+  image: {{ include "flywheel.image" (dict "root" $root "image" .svc.image) | quote }}
+  imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+  command:
+    {{- toYaml .command | nindent 4 }}
+  args:
+    - --config
+    - /etc/flywheel/flywheel.yaml
+    {{- range .extraArgs }}
+    - {{ . | quote }}
+    {{- end }}
+    - {{ printf "services.%s.host=0.0.0.0" .component | quote }}
+    {{- include "flywheel.overrideArgs" $root | nindent 4 }}
+  env:
+    {{- include "flywheel.commonEnv" $root | nindent 4 }}
+    {{- with .extraEnv }}
+    {{- . | nindent 4 }}
+    {{- end }}
+    {{- with .svc.extraEnv }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  {{- include "flywheel.ports" .svc.ports | nindent 2 }}
+  {{- include "flywheel.probes" (dict "probes" .svc.probes "ports" .svc.ports "service" .grpcService) | nindent 2 }}
+  resources:
+    {{- toYaml .svc.resources | nindent 4 }}
+  securityContext:
+    {{- toYaml $root.Values.containerSecurityContext | nindent 4 }}
+  volumeMounts:
+    {{- include "flywheel.baseVolumeMounts" $root | nindent 4 }}
+    {{- with .extraMounts }}
+    {{- . | nindent 4 }}
+    {{- end }}
+{{- end -}}
+
+{{/* The gRPC + metrics Service of a component (ClusterIP, or headless for StatefulSets). */}}
+{{- define "flywheel.service" -}}
+apiVersion: v1
+kind: Service
+metadata:
+  name: {{ .name }}
+  labels:
+    {{- include "flywheel.labels" (dict "root" .root "component" .component) | nindent 4 }}
+    flywheel.io/metrics: "true"
+    flywheel.io/job: flywheel-{{ .component }}
+spec:
+  {{- if .headless }}
+  clusterIP: None
+  publishNotReadyAddresses: {{ .publishNotReady | default false }}
+  {{- else }}
+  type: ClusterIP
+  {{- end }}
+  selector:
+    {{- include "flywheel.selectorLabels" (dict "root" .root "component" .component) | nindent 4 }}
+  ports:
+    - name: grpc
+      port: {{ .svc.ports.grpc }}
+      targetPort: grpc
+      appProtocol: grpc
+    - name: metrics
+      port: {{ .svc.ports.metrics }}
+      targetPort: metrics
+    {{- with .extraPorts }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+{{- end -}}

@@ -1,0 +1,452 @@
+"""The gRPC face of the buffer: validation, status codes, waiting; state lives in the store.
+
+Every RPC answers with a status, never a crash: bad input is INVALID_ARGUMENT naming the
+field, a full buffer is RESOURCE_EXHAUSTED with a `retry-after-ms` trailer, an unreachable
+Redis is UNAVAILABLE (and the health monitor turns the service NOT_SERVING until Redis is
+back). Puts that fail validation are still counted, once, as dropped{invalid}, so the
+accounting invariant covers everything a producer ever sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+import redis.exceptions as redis_errors
+
+from flywheel_proto.v1 import buffer_pb2, buffer_pb2_grpc, common_pb2
+from services.buffer.export import export_jsonl
+from services.buffer.filters import GroupFilter
+from services.buffer.metrics import BufferMetrics
+from services.buffer.store import ClaimedGroup, RedisStore, StatsSnapshot
+from services.common.codec import CodecError, CodecLimits, group_from_proto
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_RESULTS = {
+    "admitted": buffer_pb2.ADMISSION_RESULT_ADMITTED,
+    "duplicate": buffer_pb2.ADMISSION_RESULT_DUPLICATE,
+    "stale": buffer_pb2.ADMISSION_RESULT_STALE,
+    "filtered": buffer_pb2.ADMISSION_RESULT_FILTERED,
+}
+MAX_IDS_PER_CALL = 100_000
+MAX_WAIT_MS = 600_000
+
+
+class RpcFailure(Exception):
+    """Raised inside a handler to answer with a status (turned into context.abort)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str, retry_after_ms: int = 0) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+        self.retry_after_ms = retry_after_ms
+
+
+@dataclass(frozen=True)
+class ServicerSettings:
+    max_group_bytes: int = 64 << 20
+    codec_limits: CodecLimits = CodecLimits()
+    retry_after_ms: int = 500
+    claim_poll_ms: int = 25
+    export_dir: str = "/tmp/flywheel/buffer_exports"
+    filter_name: str = ""
+    filter_at: str = "put"
+    max_head_offpolicyness: int = 0
+    replay: bool = False
+    tokenizer_path: str | None = None
+
+
+def _rpc(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """Time the call, map failures to statuses, and tell the health monitor about Redis."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    async def wrapper(self: BufferServicer, request: Any, context: grpc.aio.ServicerContext) -> T:
+        start = time.perf_counter()
+        try:
+            return await method(self, request, context)
+        except RpcFailure as err:
+            self.metrics.rpc_errors.labels(name, err.code.name).inc()
+            trailers = (("retry-after-ms", str(err.retry_after_ms)),) if err.retry_after_ms else ()
+            await context.abort(err.code, err.details, trailing_metadata=trailers)
+        except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as err:
+            self.metrics.rpc_errors.labels(name, "UNAVAILABLE").inc()
+            self.metrics.redis_errors.inc()
+            self.on_redis_error(err)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"redis unavailable: {err}")
+        except redis_errors.RedisError as err:
+            self.metrics.rpc_errors.labels(name, "INTERNAL").inc()
+            self.metrics.redis_errors.inc()
+            log.exception("redis error in %s", name)
+            await context.abort(grpc.StatusCode.INTERNAL, f"redis error: {err}")
+        finally:
+            self.metrics.rpc_seconds.labels(name).observe(time.perf_counter() - start)
+        raise AssertionError("unreachable")  # abort() raises
+
+    return wrapper
+
+
+def _require(ok: bool, field: str, why: str) -> None:
+    if not ok:
+        raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {why}")
+
+
+class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
+    """Implements `flywheel.v1.BufferService` over a `RedisStore`."""
+
+    def __init__(
+        self,
+        store: RedisStore,
+        metrics: BufferMetrics,
+        settings: ServicerSettings,
+        group_filter: GroupFilter | None = None,
+        on_redis_error: Callable[[BaseException], None] = lambda err: None,
+    ) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.settings = settings
+        self.group_filter = group_filter
+        self.on_redis_error = on_redis_error
+        self._arrivals = asyncio.Condition()
+        self._max_put_seen = 0
+
+    # -- helpers -------------------------------------------------------------------------
+    async def _notify_arrival(self) -> None:
+        async with self._arrivals:
+            self._arrivals.notify_all()
+
+    async def _wait_arrival(self, timeout: float) -> None:
+        async with self._arrivals:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrivals.wait(), timeout)
+
+    def _refuse_in_replay(self, what: str) -> None:
+        if self.settings.replay:
+            raise RpcFailure(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"{what} refused: this buffer replays an exported file (buffer.replay_path is "
+                "set) and serves only Claim, Ack, versions, stats and inspection",
+            )
+
+    def observe_stats(self, snap: StatsSnapshot) -> None:
+        """Feed metrics and notice a Redis that lost acknowledged puts (counter went back)."""
+        if snap.put < self._max_put_seen:
+            lost = self._max_put_seen - snap.put
+            self.metrics.lost_puts.inc(lost)
+            log.error(
+                "redis lost acknowledged puts",
+                extra={"put_before": self._max_put_seen, "put_now": snap.put, "lost": lost},
+            )
+        self._max_put_seen = snap.put
+        self.metrics.snapshot.update(snap)
+
+    async def _count_invalid(self, request: buffer_pb2.PutRequest) -> None:
+        await self.store.put_invalid(
+            group_id=request.group.group_id,
+            request_id=request.request_id,
+            reservation_id=request.group.reservation_id,
+        )
+        self.metrics.put_results.labels("invalid").inc()
+
+    # -- Put -----------------------------------------------------------------------------
+    @_rpc
+    async def Put(self, request: buffer_pb2.PutRequest, context: Any) -> buffer_pb2.PutResponse:
+        self._refuse_in_replay("Put")
+        msg = request.group
+        size = msg.ByteSize()
+        if size > self.settings.max_group_bytes:
+            await self._count_invalid(request)
+            raise RpcFailure(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"group {msg.group_id!r} is {size} bytes, above buffer.max_group_bytes="
+                f"{self.settings.max_group_bytes}; it was dropped as invalid and a retry "
+                "cannot succeed",
+            )
+        try:
+            group = group_from_proto(msg, self.settings.codec_limits)
+            if group.oldest_version < 0:
+                raise CodecError(
+                    f"group {msg.group_id!r} has no generated tokens (loss_mask is 0 everywhere)"
+                )
+        except CodecError as err:
+            await self._count_invalid(request)
+            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, f"group: {err.reason}") from None
+        filtered = False
+        if self.group_filter is not None and self.settings.filter_at == "put":
+            filtered = not self._accepts(group)
+        outcome = await self.store.put(
+            group_id=group.group_id,
+            oldest_version=group.oldest_version,
+            newest_version=group.newest_version,
+            n_trajectories=len(group.trajectories),
+            payload=msg.SerializeToString(),
+            reservation_id=msg.reservation_id,
+            filtered=filtered,
+        )
+        self.metrics.put_results.labels(outcome.result).inc()
+        if outcome.result == "full":
+            self.metrics.backpressure.inc()
+            raise RpcFailure(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"buffer full: {outcome.stored_groups} groups / {outcome.stored_bytes} bytes "
+                f"stored (limits buffer.max_stored_groups, buffer.max_stored_bytes); retry later",
+                retry_after_ms=self.settings.retry_after_ms,
+            )
+        if outcome.result == "admitted":
+            await self._notify_arrival()
+        reason = {
+            "admitted": "",
+            "duplicate": f"group {group.group_id!r} already put (state {outcome.previous_state}"
+            + (f", {outcome.previous_reason}" if outcome.previous_reason else "")
+            + "): nothing stored again",
+            "stale": f"oldest token version {group.oldest_version} < version {outcome.version} - "
+            f"max_head_offpolicyness {self.settings.max_head_offpolicyness}",
+            "filtered": f"rejected by buffer.filter {self.settings.filter_name!r}",
+        }[outcome.result]
+        return buffer_pb2.PutResponse(
+            result=_RESULTS[outcome.result], reason=reason, version=outcome.version
+        )
+
+    def _accepts(self, group: Any) -> bool:
+        try:
+            return bool(self.group_filter(group))  # type: ignore[misc]
+        except Exception as err:  # a user filter must not crash the service
+            log.exception("buffer.filter raised")
+            raise RpcFailure(
+                grpc.StatusCode.INTERNAL,
+                f"buffer.filter {self.settings.filter_name!r} raised {type(err).__name__}: {err}; "
+                "nothing was stored",
+            ) from None
+
+    # -- capacity ------------------------------------------------------------------------
+    @_rpc
+    async def ReserveCapacity(
+        self, request: buffer_pb2.ReserveCapacityRequest, context: Any
+    ) -> buffer_pb2.ReserveCapacityResponse:
+        self._refuse_in_replay("ReserveCapacity")
+        _require(
+            0 <= request.count <= MAX_IDS_PER_CALL, "count", f"must be in [0, {MAX_IDS_PER_CALL}]"
+        )
+        out = await self.store.reserve(
+            count=request.count,
+            rollout_id=request.rollout_id or "rollout",
+            request_id=request.request_id,
+        )
+        return buffer_pb2.ReserveCapacityResponse(
+            reservation_ids=out.reservation_ids,
+            version=out.version,
+            capacity=out.capacity,
+            retry_after_ms=0 if out.reservation_ids else self.settings.retry_after_ms,
+        )
+
+    @_rpc
+    async def ReleaseCapacity(
+        self, request: buffer_pb2.ReleaseCapacityRequest, context: Any
+    ) -> buffer_pb2.ReleaseCapacityResponse:
+        ids = list(request.reservation_ids)
+        _require(len(ids) <= MAX_IDS_PER_CALL, "reservation_ids", f"at most {MAX_IDS_PER_CALL}")
+        return buffer_pb2.ReleaseCapacityResponse(released=await self.store.release(ids))
+
+    @_rpc
+    async def GetCapacity(
+        self, request: common_pb2.Empty, context: Any
+    ) -> buffer_pb2.CapacityResponse:
+        c = await self.store.capacity()
+        return buffer_pb2.CapacityResponse(
+            capacity=c.capacity, version=c.version, running=c.running, accepted=c.accepted
+        )
+
+    # -- Claim / Ack ---------------------------------------------------------------------
+    @_rpc
+    async def Claim(
+        self, request: buffer_pb2.ClaimRequest, context: Any
+    ) -> buffer_pb2.ClaimResponse:
+        _require(bool(request.consumer_id), "consumer_id", "must not be empty")
+        _require(
+            1 <= request.n_groups <= MAX_IDS_PER_CALL,
+            "n_groups",
+            f"must be in [1, {MAX_IDS_PER_CALL}]",
+        )
+        _require(0 <= request.wait_ms <= MAX_WAIT_MS, "wait_ms", f"must be in [0, {MAX_WAIT_MS}]")
+        deadline = time.monotonic() + request.wait_ms / 1000.0
+        poll = self.settings.claim_poll_ms / 1000.0
+        filtering = self.group_filter is not None and self.settings.filter_at == "claim"
+        served: list[ClaimedGroup] = []
+        dropped_stale = 0
+        version = 0
+        while True:
+            last_try = time.monotonic() >= deadline
+            # Whole batches come atomically from one script: until the wait runs out it hands
+            # out all that is missing or nothing. A filter at claim time must look at groups
+            # before knowing whether they count, so it collects partially and gives back.
+            out = await self.store.claim(
+                consumer_id=request.consumer_id,
+                n_groups=request.n_groups - len(served),
+                allow_partial=filtering or (last_try and request.allow_partial),
+                request_id="" if filtering else request.request_id,
+            )
+            version = out.version
+            dropped_stale += out.dropped_stale
+            if out.too_big_bytes:
+                if served:
+                    await self.store.unclaim([g.group_id for g in served], request.consumer_id)
+                raise RpcFailure(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"n_groups={request.n_groups}: the next groups hold {out.too_big_bytes} "
+                    f"bytes, more than one reply may carry ({self.store.settings.max_reply_bytes});"
+                    " claim fewer groups per call",
+                )
+            served.extend(await self._filter_claimed(out.groups) if filtering else out.groups)
+            if out.replayed or len(served) >= request.n_groups or (served and not filtering):
+                break
+            if filtering and len(out.groups) > 0:
+                continue  # some were filtered out: look for replacements at once
+            if last_try:
+                if served and not request.allow_partial:
+                    await self.store.unclaim([g.group_id for g in served], request.consumer_id)
+                    served = []
+                break
+            await self._wait_arrival(max(0.0, min(poll, deadline - time.monotonic())))
+        resp = buffer_pb2.ClaimResponse(version=version, dropped_stale=dropped_stale)
+        for g in served:
+            resp.groups.add().MergeFromString(g.payload)
+            self.metrics.served_staleness.observe(max(0, version - g.oldest_version))
+        return resp
+
+    async def _filter_claimed(self, groups: list[ClaimedGroup]) -> list[ClaimedGroup]:
+        """Apply the filter to claimed groups; rejected ones are dropped as `filtered`."""
+        keep: list[ClaimedGroup] = []
+        reject: list[str] = []
+        for g in groups:
+            decoded = group_from_proto(
+                common_pb2.TrajectoryGroup.FromString(g.payload), self.settings.codec_limits
+            )
+            if self._accepts(decoded):
+                keep.append(g)
+            else:
+                reject.append(g.group_id)
+        if reject:
+            await self.store.drop_claimed(reject, "filtered")
+        return keep
+
+    @_rpc
+    async def Ack(self, request: buffer_pb2.AckRequest, context: Any) -> buffer_pb2.AckResponse:
+        ids = list(request.group_ids)
+        _require(len(ids) <= MAX_IDS_PER_CALL, "group_ids", f"at most {MAX_IDS_PER_CALL}")
+        _require(all(ids), "group_ids", "must not contain empty ids")
+        return buffer_pb2.AckResponse(acked=await self.store.ack(ids))
+
+    # -- version -------------------------------------------------------------------------
+    @_rpc
+    async def SetVersion(
+        self, request: buffer_pb2.SetVersionRequest, context: Any
+    ) -> common_pb2.Version:
+        _require(request.version >= 0, "version", f"must be >= 0, got {request.version}")
+        ok, current = await self.store.set_version(request.version, request.request_id)
+        if not ok:
+            raise RpcFailure(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"version {request.version} < current version {current}: the version only moves "
+                "forward (a resumed trainer should continue from GetVersion)",
+            )
+        return common_pb2.Version(version=current)
+
+    @_rpc
+    async def GetVersion(self, request: common_pb2.Empty, context: Any) -> common_pb2.Version:
+        return common_pb2.Version(version=await self.store.get_version())
+
+    # -- Stats ---------------------------------------------------------------------------
+    @_rpc
+    async def Stats(self, request: common_pb2.Empty, context: Any) -> buffer_pb2.BufferStats:
+        s = await self.store.stats()
+        self.observe_stats(s)
+        return stats_to_proto(s)
+
+    # -- inspection ----------------------------------------------------------------------
+    @_rpc
+    async def ListGroups(
+        self, request: buffer_pb2.ListGroupsRequest, context: Any
+    ) -> buffer_pb2.ListGroupsResponse:
+        lo, hi = _version_range(request.min_version, request.max_version)
+        limit = request.limit or 1000
+        _require(1 <= limit <= MAX_IDS_PER_CALL, "limit", f"must be in [1, {MAX_IDS_PER_CALL}]")
+        rows = await self.store.list_groups(lo, hi, limit)
+        return buffer_pb2.ListGroupsResponse(
+            groups=[
+                buffer_pb2.GroupSummary(
+                    group_id=r.group_id,
+                    oldest_version=r.oldest_version,
+                    newest_version=r.newest_version,
+                    n_trajectories=r.n_trajectories,
+                    state=r.state,
+                )
+                for r in rows
+            ]
+        )
+
+    @_rpc
+    async def ReadGroup(
+        self, request: buffer_pb2.ReadGroupRequest, context: Any
+    ) -> common_pb2.TrajectoryGroup:
+        _require(bool(request.group_id), "group_id", "must not be empty")
+        payload = await self.store.read_group(request.group_id)
+        if payload is None:
+            raise RpcFailure(
+                grpc.StatusCode.NOT_FOUND,
+                f"group {request.group_id!r} is not stored (never put, dropped, or acked "
+                "without buffer.retain_acked_groups)",
+            )
+        return common_pb2.TrajectoryGroup.FromString(payload)
+
+    @_rpc
+    async def Export(
+        self, request: buffer_pb2.ExportRequest, context: Any
+    ) -> buffer_pb2.ExportResponse:
+        lo, hi = _version_range(request.min_version, request.max_version)
+        _require(bool(request.path), "path", "must name a file inside buffer.export_dir")
+        root = Path(self.settings.export_dir).resolve()
+        target = (root / request.path).resolve()
+        _require(
+            target.is_relative_to(root) and target != root,
+            "path",
+            f"{request.path!r} resolves outside buffer.export_dir ({root})",
+        )
+        n = await export_jsonl(self.store, lo, hi, target, self.settings.tokenizer_path)
+        return buffer_pb2.ExportResponse(groups=n, path=str(target))
+
+
+def _version_range(lo: int, hi: int) -> tuple[int, int]:
+    """max_version < 0 means no upper bound."""
+    hi = (1 << 62) if hi < 0 else hi
+    _require(lo <= hi, "max_version", f"{hi} is below min_version {lo}")
+    return lo, hi
+
+
+def stats_to_proto(s: StatsSnapshot) -> buffer_pb2.BufferStats:
+    return buffer_pb2.BufferStats(
+        version=s.version,
+        put_total=s.put,
+        acked_total=s.acked,
+        dropped_total=s.dropped,
+        pending=s.pending,
+        in_flight=s.in_flight,
+        stored_groups=s.stored_groups,
+        stored_bytes=s.stored_bytes,
+        capacity=s.capacity,
+        running=s.running,
+        accepted=s.accepted,
+        duplicate_total=s.duplicate,
+        invariant_ok=s.invariant_ok,
+        redelivered_total=s.redelivered,
+    )

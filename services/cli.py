@@ -1,0 +1,116 @@
+"""`flywheel` console script: load a config and hand it to the launcher.
+
+    flywheel run --config FILE [a.b.c=value ...] [--dry-run]
+    flywheel eval --config FILE [overrides ...]
+    flywheel status --config FILE [overrides ...]
+
+`--dry-run` prints the resolved configuration as YAML and exits 0. An invalid
+configuration prints the errors on stderr and exits 2, before anything starts. The
+launcher (`services.launcher.main`) is imported only when it is needed, so that checking
+a config never pulls in torch or starts a process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from services.common.config import ConfigError, load_config, to_yaml
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_BAD_CONFIG = 2
+
+# What each subcommand calls in services.launcher.main (see docs/CONTRACTS-internal.md):
+# run(config, config_path, overrides) -> int; eval_main(argv) -> int; status_main(argv) -> int.
+_LAUNCHER_ENTRIES = {"run": "run", "eval": "eval_main", "status": "status_main"}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="flywheel", description="Asynchronous RL for LLMs as independent services."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    helps = {
+        "run": "train with the given config",
+        "eval": "evaluate a checkpoint on valid_dataset",
+        "status": "show the state of a running experiment",
+    }
+    for name, text in helps.items():
+        cmd = sub.add_parser(name, help=text, description=text)
+        cmd.add_argument("--config", "-c", help="YAML config file (defaults only when omitted)")
+        cmd.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="print the resolved config as YAML and exit",
+        )
+        cmd.epilog = (
+            "Any other argument is a dotted override: actor.eps_clip=0.3, "
+            "+actor.new_key=1, ~key to reset a key to its default."
+        )
+    return parser
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    # Overrides may sit anywhere among the options (`--config f a=1 --dry-run b=2`), so
+    # they are collected from what argparse does not recognise.
+    parser = _parser()
+    args, rest = parser.parse_known_args(argv)
+    unknown = [a for a in rest if a.startswith("-")]
+    if unknown:
+        parser.error(f"unrecognised option(s): {' '.join(unknown)}")
+    args.overrides = rest
+    return args
+
+
+def _launcher_entry(command: str):
+    name = _LAUNCHER_ENTRIES[command]
+    try:
+        launcher = importlib.import_module("services.launcher.main")
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("services.launcher", "services.launcher.main"):
+            raise
+        print(
+            f"flywheel {command}: the launcher (services.launcher.main) is not installed; "
+            "use --dry-run to check a config",
+            file=sys.stderr,
+        )
+        return None
+    entry = getattr(launcher, name, None)
+    if entry is None:
+        print(f"flywheel {command}: services.launcher.main has no {name}()", file=sys.stderr)
+    return entry
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `flywheel` console script; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("eval", "status") and "--dry-run" not in argv:
+        # These parse their own arguments (checkpoint, run directory, ...).
+        entry = _launcher_entry(argv[0])
+        if entry is None:
+            return EXIT_FAILURE
+        try:
+            return int(entry(argv[1:]) or EXIT_OK)
+        except ConfigError as exc:
+            print(f"flywheel {argv[0]}: {exc}", file=sys.stderr)
+            return EXIT_BAD_CONFIG
+    args = _parse(argv)
+    try:
+        config = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        print(f"flywheel {args.command}: {exc}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    if args.dry_run:
+        sys.stdout.write(to_yaml(config))
+        return EXIT_OK
+    entry = _launcher_entry("run")
+    if entry is None:
+        return EXIT_FAILURE
+    return int(entry(config, args.config, list(args.overrides)) or EXIT_OK)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,496 @@
+"""Read a YAML file, apply command-line overrides, resolve `${...}`, validate.
+
+Order matters and matches what AReaL (Hydra/OmegaConf) users expect: overrides are
+applied to the raw tree first, interpolation is resolved afterwards (so
+`gconfig.n_samples=8` also changes every `${gconfig.n_samples}`), and the pydantic
+models validate last. Every failure is a `ConfigError` naming the dotted field path,
+the bad value and the fix.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import types
+import typing
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from ._base import FlywheelModel, RuleViolation
+from .errors import ConfigError, ConfigIssue
+from .root import FlywheelConfig
+
+_MISSING = "<missing>"
+_FLOAT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$|^[+-]?(inf|nan)$", re.IGNORECASE)
+_INTERP = re.compile(r"\$\{([^${}]+)\}")
+
+
+# --------------------------------------------------------------------------- schema
+
+
+def _unwrap(annotation: Any) -> Any:
+    """The annotation with `None` removed from unions (Optional[X] -> X)."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return _unwrap(args[0])
+        return annotation
+    return annotation
+
+
+def _is_model(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
+def _is_dict(annotation: Any) -> bool:
+    return annotation is dict or typing.get_origin(annotation) is dict
+
+
+def _is_list(annotation: Any) -> bool:
+    return annotation is list or typing.get_origin(annotation) in (list, tuple)
+
+
+def _child(annotation: Any, key: str) -> Any:
+    """Annotation of `key` below `annotation` (a model, dict or list annotation)."""
+    ann = _unwrap(annotation)
+    if _is_model(ann):
+        field = ann.model_fields.get(key)
+        return None if field is None else field.annotation
+    if _is_dict(ann):
+        args = typing.get_args(ann)
+        return args[1] if len(args) == 2 else Any
+    if _is_list(ann):
+        args = typing.get_args(ann)
+        return args[0] if args else Any
+    return None
+
+
+def _known_keys(model: type[BaseModel]) -> list[str]:
+    return list(model.model_fields)
+
+
+def _suggest(model: type[BaseModel], key: str, prefix: str) -> str:
+    """'did you mean ...' text for an unknown `key` of `model` (located at `prefix`)."""
+    known = _known_keys(model)
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    if not close:
+        # A key written in the wrong block (`actor.n_samples`) is found elsewhere.
+        elsewhere = [p for p in _all_paths(FlywheelConfig) if p.rsplit(".", 1)[-1] == key]
+        if elsewhere:
+            return f"did you mean '{elsewhere[0]}'? (`{key}` lives in another block)"
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.4)
+    if close:
+        return f"did you mean '{prefix}{close[0]}'?"
+    listed = ", ".join(known[:12]) + (", ..." if len(known) > 12 else "")
+    return f"valid keys here: {listed}"
+
+
+def _all_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
+    paths: list[str] = []
+    for name, field in model.model_fields.items():
+        paths.append(prefix + name)
+        ann = _unwrap(field.annotation)
+        if _is_model(ann):
+            paths.extend(_all_paths(ann, prefix + name + "."))
+    return paths
+
+
+def _unknown_key_issue(model: type[BaseModel], key: str, prefix: str, value: Any) -> ConfigIssue:
+    migration = getattr(model, "legacy_keys", {}).get(key)
+    if migration:
+        return ConfigIssue(prefix + key, value, migration)
+    return ConfigIssue(
+        prefix + key,
+        value,
+        f"unknown key '{key}' in {prefix.rstrip('.') or 'the root'}; "
+        + _suggest(model, key, prefix),
+    )
+
+
+def _description(path: Sequence[str]) -> str:
+    """First sentence of the docstring of the field at `path`, if there is one."""
+    ann: Any = FlywheelConfig
+    parent: Any = None
+    for key in path:
+        parent = _unwrap(ann)
+        ann = _child(ann, key)
+        if ann is None:
+            return ""
+    if _is_model(parent) and path and path[-1] in parent.model_fields:
+        text = parent.model_fields[path[-1]].description or ""
+        return " ".join(text.split()).split(". ")[0].rstrip(".")
+    return ""
+
+
+# --------------------------------------------------------------------------- values
+
+
+def parse_value(text: str) -> Any:
+    """Parse an override's right-hand side as YAML (`null`, `true`, `[1, 2]`, `{a: 1}`).
+
+    Numbers in exponent form without a dot (`1e-5`) are floats, as a user means them
+    (plain YAML 1.1 reads them as strings). An empty right-hand side is the empty string.
+    """
+    if text == "":
+        return ""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"cannot parse {text!r} as a YAML value ({exc.problem})") from None
+    if isinstance(value, str) and _FLOAT.match(value.strip()):
+        return float(value)
+    return value
+
+
+# --------------------------------------------------------------------------- overrides
+
+
+def apply_override(raw: dict[str, Any], override: str) -> None:
+    """Apply one `a.b.c=value`, `+a.b=value`, `++a.b=value` or `~a.b` to `raw` in place.
+
+    Keys are checked against the schema before anything changes: an unknown key is an
+    error naming the nearest valid key; below free-form dict fields (`gae_lambda_kwargs`,
+    `workflow_kwargs`, ...) any key is accepted. `+` is accepted also for keys that
+    already exist (AReaL users type it for keys missing from their YAML).
+    """
+    text = override.strip()
+    delete = text.startswith("~")
+    body = text.lstrip("+~")
+    if delete:
+        key, _, value_text = body.partition("=")
+    else:
+        key, sep, value_text = body.partition("=")
+        if not sep:
+            raise ConfigError(
+                ConfigIssue(key, _MISSING, f"override {override!r} has no '='; write key=value")
+            )
+    key = key.strip()
+    parts = key.split(".")
+    if not key or any(not p for p in parts):
+        raise ConfigError(ConfigIssue(key, override, "malformed key; write a.b.c=value"))
+    _check_path(parts, value_text)
+    if delete:
+        _delete(raw, parts)
+        return
+    try:
+        value = parse_value(value_text)
+    except ValueError as exc:
+        raise ConfigError(ConfigIssue(key, value_text, str(exc))) from None
+    _assign(raw, parts, value, override)
+
+
+def _check_path(parts: list[str], value: str) -> None:
+    ann: Any = FlywheelConfig
+    for depth, part in enumerate(parts):
+        cur = _unwrap(ann)
+        prefix = ".".join(parts[:depth]) + ("." if depth else "")
+        if _is_model(cur):
+            if part not in cur.model_fields:
+                if part in getattr(cur, "legacy_keys", {}):
+                    return  # validation reports the migration with the value
+                raise ConfigError(_unknown_key_issue(cur, part, prefix, value))
+            ann = cur.model_fields[part].annotation
+        elif _is_dict(cur) or cur is Any:
+            return  # free-form below here
+        elif _is_list(cur):
+            if not part.isdigit():
+                raise ConfigError(
+                    ConfigIssue(prefix + part, value, f"{prefix.rstrip('.')} is a list; index it")
+                )
+            ann = _child(cur, part)
+        else:
+            raise ConfigError(
+                ConfigIssue(
+                    prefix.rstrip("."),
+                    value,
+                    f"'{prefix.rstrip('.')}' is a single value, not a block; "
+                    f"it has no key '{part}'",
+                )
+            )
+
+
+def _assign(raw: dict[str, Any], parts: list[str], value: Any, override: str) -> None:
+    node: Any = raw
+    for depth, part in enumerate(parts[:-1]):
+        if isinstance(node, list):
+            node = node[int(part)]
+            continue
+        nxt = node.get(part)
+        if nxt is None:
+            # A null or absent block gets created with its defaults (`adv_norm: null`
+            # plus `actor.adv_norm.std_level=null` means "a NormConfig with std off").
+            nxt = {}
+            node[part] = nxt
+        elif not isinstance(nxt, dict | list):
+            path = ".".join(parts[: depth + 1])
+            raise ConfigError(
+                ConfigIssue(
+                    path, nxt, f"is a single value, so {override!r} cannot set a key below it"
+                )
+            )
+        node = nxt
+    last = parts[-1]
+    if isinstance(node, list):
+        index = int(last)
+        if index >= len(node):
+            raise ConfigError(
+                ConfigIssue(
+                    ".".join(parts),
+                    value,
+                    f"index {index} is past the list's end ({len(node)} items)",
+                )
+            )
+        node[index] = value
+    else:
+        node[last] = value
+
+
+def _delete(raw: dict[str, Any], parts: list[str]) -> None:
+    node: Any = raw
+    for part in parts[:-1]:
+        node = node.get(part) if isinstance(node, dict) else None
+        if node is None:
+            return
+    if isinstance(node, dict):
+        node.pop(parts[-1], None)
+
+
+# --------------------------------------------------------------------------- interpolation
+
+
+def resolve_interpolations(raw: dict[str, Any]) -> dict[str, Any]:
+    """Replace `${a.b.c}` by the value at that path (the schema default when the file
+    does not set it) and `${oc.env:NAME[,default]}` by an environment variable.
+
+    A string that is exactly one `${...}` takes the referenced value with its type
+    (`group_size: ${gconfig.n_samples}` is an int); inside longer strings the value is
+    formatted in (`name: run-${seed}`). Cycles are an error.
+    """
+    return _Resolver(raw).resolve(raw, ())
+
+
+class _Resolver:
+    def __init__(self, root: dict[str, Any]):
+        self.root = root
+        self.active: list[str] = []
+
+    def resolve(self, node: Any, where: tuple[str, ...]) -> Any:
+        if isinstance(node, dict):
+            return {k: self.resolve(v, (*where, str(k))) for k, v in node.items()}
+        if isinstance(node, list):
+            return [self.resolve(v, (*where, str(i))) for i, v in enumerate(node)]
+        if isinstance(node, str) and "${" in node:
+            return self._string(node, where)
+        return node
+
+    def _string(self, text: str, where: tuple[str, ...]) -> Any:
+        whole = _INTERP.fullmatch(text.strip())
+        if whole:
+            return self._lookup(whole.group(1).strip(), where)
+
+        def substitute(match: re.Match[str]) -> str:
+            value = self._lookup(match.group(1).strip(), where)
+            if isinstance(value, dict | list):
+                raise ConfigError(
+                    ConfigIssue(
+                        ".".join(where),
+                        text,
+                        f"${{{match.group(1)}}} is a block and cannot be placed inside a string",
+                    )
+                )
+            return (
+                "null"
+                if value is None
+                else str(value).lower()
+                if isinstance(value, bool)
+                else str(value)
+            )
+
+        return _INTERP.sub(substitute, text)
+
+    def _lookup(self, ref: str, where: tuple[str, ...]) -> Any:
+        here = ".".join(where)
+        if ref.startswith(("oc.env:", "env:")):
+            name, _, default = ref.split(":", 1)[1].partition(",")
+            value = os.environ.get(name.strip())
+            if value is None:
+                if not default:
+                    raise ConfigError(
+                        ConfigIssue(
+                            here,
+                            f"${{{ref}}}",
+                            f"environment variable {name.strip()} is not set; set it or give a default: ${{oc.env:{name.strip()},value}}",
+                        )
+                    )
+                value = default.strip()
+            return parse_value(value)
+        if ref in self.active:
+            chain = " -> ".join([*self.active, ref])
+            raise ConfigError(ConfigIssue(here, f"${{{ref}}}", f"interpolation cycle: {chain}"))
+        self.active.append(ref)
+        try:
+            found = self._find(ref, here)
+            return self.resolve(found, tuple(ref.split(".")))
+        finally:
+            self.active.pop()
+
+    def _find(self, ref: str, here: str) -> Any:
+        parts = ref.split(".")
+        node: Any = self.root
+        ann: Any = FlywheelConfig
+        for depth, part in enumerate(parts):
+            path = ".".join(parts[: depth + 1])
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            elif (
+                isinstance(node, dict)
+                and _is_model(_unwrap(ann))
+                and part in _unwrap(ann).model_fields
+            ):
+                default = _unwrap(ann).model_fields[part].get_default(call_default_factory=True)
+                node = default.model_dump() if isinstance(default, BaseModel) else default
+            else:
+                why = "is null" if node is None else "does not exist"
+                raise ConfigError(
+                    ConfigIssue(
+                        here, f"${{{ref}}}", f"interpolation target '{path}' {why}; check the path"
+                    )
+                )
+            ann = _child(ann, part) if ann is not None else None
+        return node
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _clean_loc(loc: Sequence[Any]) -> list[str]:
+    """The field path of a pydantic error location, without union-branch tags."""
+    out: list[str] = []
+    ann: Any = FlywheelConfig
+    last = len(loc) - 1
+    for index, item in enumerate(loc):
+        key = str(item)
+        cur = _unwrap(ann)
+        if _is_model(cur):
+            if key in cur.model_fields:
+                out.append(key)
+                ann = cur.model_fields[key].annotation
+            elif index == last:
+                out.append(key)  # an unknown key (extra_forbidden)
+        elif _is_dict(cur) or _is_list(cur) or cur is Any:
+            out.append(key)
+            ann = Any if cur is Any else _child(cur, key)
+        # otherwise `key` is the tag of a union branch of a scalar field: skip it
+    return out
+
+
+def _issues(error: ValidationError) -> list[ConfigIssue]:
+    issues: list[ConfigIssue] = []
+    seen: dict[str, int] = {}
+    for err in error.errors(include_url=False):
+        path = _clean_loc(err["loc"])
+        dotted = ".".join(path)
+        ctx = err.get("ctx") or {}
+        cause = ctx.get("error")
+        if isinstance(cause, RuleViolation):
+            # Field validators are located at the field itself; model validators at
+            # their model, with the field relative to it (root rules: a full path).
+            if path and path[-1] == cause.field:
+                full = dotted
+            else:
+                full = f"{dotted}.{cause.field}" if dotted else cause.field
+            issue = ConfigIssue(full, cause.value, cause.message)
+        elif err["type"] == "extra_forbidden":
+            parent_ann: Any = FlywheelConfig
+            for key in path[:-1]:
+                parent_ann = _child(parent_ann, key)
+            parent = _unwrap(parent_ann)
+            prefix = ".".join(path[:-1]) + ("." if len(path) > 1 else "")
+            issue = (
+                _unknown_key_issue(parent, path[-1], prefix, err["input"])
+                if _is_model(parent)
+                else ConfigIssue(dotted, err["input"], "unknown key")
+            )
+        else:
+            desc = _description(path)
+            message = err["msg"].removeprefix("Value error, ")
+            if desc:
+                message += f" (the field: {desc})"
+            issue = ConfigIssue(dotted, err.get("input", _MISSING), message)
+        if issue.path in seen:  # union branches report the same field twice
+            prev = issues[seen[issue.path]]
+            if issue.message not in prev.message:
+                issues[seen[issue.path]] = ConfigIssue(
+                    prev.path, prev.value, f"{prev.message}; or {issue.message}"
+                )
+            continue
+        seen[issue.path] = len(issues)
+        issues.append(issue)
+    return issues
+
+
+def validate(raw: dict[str, Any]) -> FlywheelConfig:
+    """Validate a resolved raw tree into a `FlywheelConfig` (ConfigError on failure)."""
+    try:
+        return FlywheelConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_issues(exc)) from None
+
+
+def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The YAML mapping stored at `path` (an empty file is an empty mapping)."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(
+            ConfigIssue("", str(file), f"cannot read the config file: {exc.strerror}")
+        ) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(
+            ConfigIssue("", str(file), f"not valid YAML{where}: {getattr(exc, 'problem', exc)}")
+        ) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            ConfigIssue(
+                "", str(file), f"the top level must be a mapping, got {type(data).__name__}"
+            )
+        )
+    return data
+
+
+def load_raw(path: str | os.PathLike[str] | None, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """The resolved raw tree (file + overrides + interpolation), before validation."""
+    raw = read_yaml(path) if path is not None else {}
+    for override in overrides:
+        apply_override(raw, override)
+    return resolve_interpolations(raw)
+
+
+def load_config(
+    path: str | os.PathLike[str] | None, overrides: Sequence[str] = ()
+) -> FlywheelConfig:
+    """Load `path` (or only defaults when None), apply `overrides`, resolve, validate."""
+    return validate(load_raw(path, overrides))
+
+
+def to_yaml(config: FlywheelModel, *, redact: bool = True) -> str:
+    """The config as YAML in field order; the auth token is masked unless `redact=False`."""
+    data = config.model_dump(mode="json")
+    if redact and isinstance(data.get("services"), dict) and data["services"].get("auth_token"):
+        data["services"]["auth_token"] = "***"
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True)
