@@ -1,9 +1,12 @@
 """`flywheel` console script: load a config and hand it to the launcher.
 
     flywheel run --config FILE [a.b.c=value ...] [--dry-run]
-    flywheel eval --config FILE [overrides ...]
-    flywheel status --config FILE [overrides ...]
+    flywheel eval --config FILE [--checkpoint DIR] [overrides ...]
+    flywheel status [RUN_DIR | --config FILE [overrides ...]]
 
+`eval` and `status` parse their own arguments in the launcher
+(`services.launcher.main.eval_main(argv)` / `status_main(argv)`); `run` validates the
+config here and calls `services.launcher.main.run(config, config_path, overrides)`.
 `--dry-run` prints the resolved configuration as YAML and exits 0. An invalid
 configuration prints the errors on stderr and exits 2, before anything starts. The
 launcher (`services.launcher.main`) is imported only when it is needed, so that checking

@@ -52,8 +52,7 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="fail if committed stubs are stale")
     args = parser.parse_args()
     if not args.check:
-        shutil.rmtree(ROOT / OUT_PACKAGE, ignore_errors=True)
-        generate(ROOT)
+        _regenerate_in_place()
         print(f"generated {OUT_PACKAGE}/")
         return 0
     with tempfile.TemporaryDirectory() as tmp:
@@ -65,6 +64,27 @@ def main() -> int:
         return 1
     print("generated stubs are up to date")
     return 0
+
+
+def _regenerate_in_place() -> None:
+    """Generate aside, then swap files one by one (atomic renames), so processes importing
+    the stubs meanwhile never see a missing package."""
+    with tempfile.TemporaryDirectory(dir=ROOT) as tmp:
+        generate(Path(tmp))
+        fresh = Path(tmp) / OUT_PACKAGE
+        target = ROOT / OUT_PACKAGE
+        for src in sorted(fresh.rglob("*")):
+            if src.is_dir():
+                continue
+            dst = target / src.relative_to(fresh)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if dst.exists() and filecmp.cmp(src, dst, shallow=False):
+                continue
+            shutil.copyfile(src, dst.with_name(dst.name + ".new"))
+            dst.with_name(dst.name + ".new").replace(dst)
+        for old in sorted(target.rglob("*.py*")):
+            if "__pycache__" not in old.parts and not (fresh / old.relative_to(target)).exists():
+                old.unlink()
 
 
 def _differences(fresh: Path, committed: Path) -> list[str]:

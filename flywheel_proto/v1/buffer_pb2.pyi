@@ -139,7 +139,7 @@ class SetVersionRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
 
 class BufferStats(_message.Message):
-    __slots__ = ("version", "put_total", "acked_total", "dropped_total", "pending", "in_flight", "stored_groups", "stored_bytes", "capacity", "running", "accepted", "duplicate_total", "invariant_ok", "redelivered_total")
+    __slots__ = ("version", "put_total", "acked_total", "dropped_total", "pending", "in_flight", "stored_groups", "stored_bytes", "capacity", "running", "accepted", "duplicate_total", "invariant_ok", "redelivered_total", "admitted_total", "claimed_total", "reservations_expired_total", "retained_groups", "replay", "lost_puts_detected")
     class DroppedTotalEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -161,6 +161,12 @@ class BufferStats(_message.Message):
     DUPLICATE_TOTAL_FIELD_NUMBER: _ClassVar[int]
     INVARIANT_OK_FIELD_NUMBER: _ClassVar[int]
     REDELIVERED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    ADMITTED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    CLAIMED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    RESERVATIONS_EXPIRED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    RETAINED_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    REPLAY_FIELD_NUMBER: _ClassVar[int]
+    LOST_PUTS_DETECTED_FIELD_NUMBER: _ClassVar[int]
     version: int
     put_total: int
     acked_total: int
@@ -175,7 +181,13 @@ class BufferStats(_message.Message):
     duplicate_total: int
     invariant_ok: bool
     redelivered_total: int
-    def __init__(self, version: _Optional[int] = ..., put_total: _Optional[int] = ..., acked_total: _Optional[int] = ..., dropped_total: _Optional[_Mapping[str, int]] = ..., pending: _Optional[int] = ..., in_flight: _Optional[int] = ..., stored_groups: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., capacity: _Optional[int] = ..., running: _Optional[int] = ..., accepted: _Optional[int] = ..., duplicate_total: _Optional[int] = ..., invariant_ok: _Optional[bool] = ..., redelivered_total: _Optional[int] = ...) -> None: ...
+    admitted_total: int
+    claimed_total: int
+    reservations_expired_total: int
+    retained_groups: int
+    replay: bool
+    lost_puts_detected: int
+    def __init__(self, version: _Optional[int] = ..., put_total: _Optional[int] = ..., acked_total: _Optional[int] = ..., dropped_total: _Optional[_Mapping[str, int]] = ..., pending: _Optional[int] = ..., in_flight: _Optional[int] = ..., stored_groups: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., capacity: _Optional[int] = ..., running: _Optional[int] = ..., accepted: _Optional[int] = ..., duplicate_total: _Optional[int] = ..., invariant_ok: _Optional[bool] = ..., redelivered_total: _Optional[int] = ..., admitted_total: _Optional[int] = ..., claimed_total: _Optional[int] = ..., reservations_expired_total: _Optional[int] = ..., retained_groups: _Optional[int] = ..., replay: _Optional[bool] = ..., lost_puts_detected: _Optional[int] = ...) -> None: ...
 
 class ListGroupsRequest(_message.Message):
     __slots__ = ("min_version", "max_version", "limit")
@@ -188,18 +200,20 @@ class ListGroupsRequest(_message.Message):
     def __init__(self, min_version: _Optional[int] = ..., max_version: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
 
 class GroupSummary(_message.Message):
-    __slots__ = ("group_id", "oldest_version", "newest_version", "n_trajectories", "state")
+    __slots__ = ("group_id", "oldest_version", "newest_version", "n_trajectories", "state", "reason")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     OLDEST_VERSION_FIELD_NUMBER: _ClassVar[int]
     NEWEST_VERSION_FIELD_NUMBER: _ClassVar[int]
     N_TRAJECTORIES_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     oldest_version: int
     newest_version: int
     n_trajectories: int
     state: str
-    def __init__(self, group_id: _Optional[str] = ..., oldest_version: _Optional[int] = ..., newest_version: _Optional[int] = ..., n_trajectories: _Optional[int] = ..., state: _Optional[str] = ...) -> None: ...
+    reason: str
+    def __init__(self, group_id: _Optional[str] = ..., oldest_version: _Optional[int] = ..., newest_version: _Optional[int] = ..., n_trajectories: _Optional[int] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ListGroupsResponse(_message.Message):
     __slots__ = ("groups",)

@@ -33,11 +33,15 @@ FORMAT = "flywheel.buffer.v1"
 
 
 def _load_tokenizer(path: str | None) -> Any:
+    """Only decoding is needed: a `tokenizer.json` is read as is (AutoTokenizer could pick
+    a model-specific class whose pre-tokenizer differs); otherwise AutoTokenizer."""
     if not path:
         return None
-    from transformers import AutoTokenizer  # heavy; only when text is wanted
+    import transformers  # heavy; only when text is wanted
 
-    return AutoTokenizer.from_pretrained(path)
+    if (Path(path) / "tokenizer.json").is_file():
+        return transformers.PreTrainedTokenizerFast.from_pretrained(path)
+    return transformers.AutoTokenizer.from_pretrained(path)
 
 
 def group_to_record(

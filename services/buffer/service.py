@@ -220,7 +220,7 @@ class BufferService:
     async def _check_redis(self) -> bool:
         assert self.store is not None and self.servicer is not None
         try:
-            snap = await self.store.stats()
+            await self.servicer.snapshot()
         except Exception as err:  # any failure means "not usable now"
             if self.redis_ok:
                 log.error("redis unreachable: NOT_SERVING", extra={"error": str(err)})
@@ -230,7 +230,6 @@ class BufferService:
         if not self.redis_ok:
             log.info("redis reachable: SERVING")
             await self._warn_without_aof()
-        self.servicer.observe_stats(snap)
         self._set_redis_ok(True)
         return True
 

@@ -120,6 +120,8 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         self.on_redis_error = on_redis_error
         self._arrivals = asyncio.Condition()
         self._max_put_seen = 0
+        self.lost_puts_detected = 0
+        self._snapshot_lock = asyncio.Lock()
 
     # -- helpers -------------------------------------------------------------------------
     async def _notify_arrival(self) -> None:
@@ -139,11 +141,20 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
                 "set) and serves only Claim, Ack, versions, stats and inspection",
             )
 
+    async def snapshot(self) -> StatsSnapshot:
+        """Take and observe one accounting snapshot. Serialised, so snapshots are observed
+        in the order Redis took them and a counter never seems to go back when it did not."""
+        async with self._snapshot_lock:
+            snap = await self.store.stats()
+            self.observe_stats(snap)
+            return snap
+
     def observe_stats(self, snap: StatsSnapshot) -> None:
         """Feed metrics and notice a Redis that lost acknowledged puts (counter went back)."""
         if snap.put < self._max_put_seen:
             lost = self._max_put_seen - snap.put
             self.metrics.lost_puts.inc(lost)
+            self.lost_puts_detected += lost
             log.error(
                 "redis lost acknowledged puts",
                 extra={"put_before": self._max_put_seen, "put_now": snap.put, "lost": lost},
@@ -369,9 +380,11 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
     # -- Stats ---------------------------------------------------------------------------
     @_rpc
     async def Stats(self, request: common_pb2.Empty, context: Any) -> buffer_pb2.BufferStats:
-        s = await self.store.stats()
-        self.observe_stats(s)
-        return stats_to_proto(s)
+        s = await self.snapshot()
+        msg = stats_to_proto(s)
+        msg.replay = self.settings.replay
+        msg.lost_puts_detected = self.lost_puts_detected
+        return msg
 
     # -- inspection ----------------------------------------------------------------------
     @_rpc
@@ -390,6 +403,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
                     newest_version=r.newest_version,
                     n_trajectories=r.n_trajectories,
                     state=r.state,
+                    reason=r.reason,
                 )
                 for r in rows
             ]
@@ -449,4 +463,8 @@ def stats_to_proto(s: StatsSnapshot) -> buffer_pb2.BufferStats:
         duplicate_total=s.duplicate,
         invariant_ok=s.invariant_ok,
         redelivered_total=s.redelivered,
+        admitted_total=s.admitted,
+        claimed_total=s.claimed,
+        reservations_expired_total=s.reservations_expired,
+        retained_groups=s.retained,
     )

@@ -18,6 +18,7 @@ Tensors always travel as raw little-endian bytes with dtype and shape, never pic
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import json
@@ -393,7 +394,10 @@ def make_buckets(specs: Sequence[TensorSpec], bucket_bytes: int) -> list[Bucket]
     call this with the same specs and size, so they agree on every broadcast's length.
     """
     if bucket_bytes <= 0:
-        raise WeightsError(f"bucket_bytes must be positive, got {bucket_bytes}")
+        raise WeightsError(
+            f"bucket_bytes must be positive here, got {bucket_bytes} (0 = per-tensor broadcast "
+            "is handled by send_buckets/recv_buckets)"
+        )
     buckets: list[list[TensorSpec]] = []
     size = 0
     for spec in specs:
@@ -436,9 +440,11 @@ def unflatten_bucket(bucket: Bucket, flat: torch.Tensor) -> dict[str, torch.Tens
 class WeightsGroup:
     """A process group of the trainer's rank 0 (rank 0) and rollout replicas (1..N).
 
-    It is built directly on a TCPStore rather than through `init_process_group`, because
-    the trainer's rank 0 already has a default group (its FSDP ranks) and one process can
-    have only one default group. The master (rank 0) hosts the store.
+    Not the default group: the trainer's rank 0 already has one (its FSDP ranks) and a
+    process can have only one. It is built the way SGLang's `/init_weights_update_group`
+    builds its side (TCP rendezvous at `tcp://master_address:master_port`, a store prefixed
+    with `group_name`, a group of its own), so the same sender code can feed Flywheel's torch
+    engine and an SGLang server. Rank 0 hosts the store.
     """
 
     def __init__(
@@ -452,8 +458,6 @@ class WeightsGroup:
         group_name: str = "flywheel_weights",
         timeout_s: float = 300.0,
     ) -> None:
-        import torch.distributed as dist
-
         if world_size < 2:
             raise WeightsError(f"world_size must be >= 2 (trainer + replicas), got {world_size}")
         if not 0 <= rank < world_size:
@@ -462,36 +466,70 @@ class WeightsGroup:
             raise WeightsError(f"backend {backend!r} is not supported; use 'gloo' or 'nccl'")
         if backend == "nccl" and not torch.cuda.is_available():
             raise WeightsError("backend 'nccl' needs CUDA, which this process does not have")
-        timeout = datetime.timedelta(seconds=timeout_s)
         self.rank = rank
         self.world_size = world_size
         self.backend = backend
+        self.group_name = group_name
         self.device = (
             torch.device("cuda", torch.cuda.current_device())
             if backend == "nccl"
             else torch.device("cpu")
         )
-        self._store = dist.TCPStore(
-            master_address, master_port, world_size, is_master=(rank == 0), timeout=timeout
+        self._pg: Any = _new_group(
+            master_address, master_port, rank, world_size, backend, group_name, timeout_s
         )
-        prefixed = dist.PrefixStore(group_name, self._store)
-        if backend == "gloo":
-            self._pg = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
-        else:  # pragma: no cover - needs CUDA
-            self._pg = dist.ProcessGroupNCCL(prefixed, rank, world_size)
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> None:
         self._pg.broadcast(tensor, src).wait()
 
     def close(self) -> None:
-        """Barrier then drop the group, so no rank tears the store down under another."""
-        if self._pg is None:
+        """Barrier then destroy the group; call on every rank (a collective)."""
+        import torch.distributed as dist
+
+        pg, self._pg = self._pg, None
+        if pg is None:
             return
         try:
-            self._pg.barrier().wait()
+            pg.barrier().wait()
         finally:
-            self._pg = None
-            self._store = None
+            # Not registered (fallback construction): dropping the object is enough.
+            with contextlib.suppress(ValueError, RuntimeError, AssertionError):
+                dist.destroy_process_group(pg)
+
+
+def _new_group(
+    address: str, port: int, rank: int, world_size: int, backend: str, name: str, timeout_s: float
+) -> Any:
+    import inspect
+
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store, _, _ = next(
+        c10d.rendezvous(f"tcp://{address}:{port}", rank, world_size, timeout=timeout)
+    )
+    store.set_timeout(timeout)
+    store = dist.PrefixStore(name, store)
+    helper = getattr(c10d, "_new_process_group_helper", None)
+    if helper is None:  # pragma: no cover - torch without the helper: a plain group object
+        if backend == "nccl":
+            return dist.ProcessGroupNCCL(store, rank, world_size)
+        return dist.ProcessGroupGloo(store, rank, world_size, timeout)
+    params = inspect.signature(helper).parameters
+    options = "backend_options" if "backend_options" in params else "pg_options"
+    pg, _ = helper(
+        world_size,
+        rank,
+        [],
+        dist.Backend(backend),
+        store,
+        group_name=name,
+        timeout=timeout,
+        **{options: None},
+    )
+    c10d._world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
+    return pg
 
 
 def send_buckets(
@@ -500,8 +538,17 @@ def send_buckets(
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     src: int = 0,
 ) -> list[TensorSpec]:
-    """Sender side: broadcast every bucket of `named_tensors` in name order; returns specs."""
+    """Sender side: broadcast every bucket of `named_tensors` in name order; returns specs.
+
+    `bucket_bytes=0` broadcasts each tensor on its own in its own dtype: the layout SGLang's
+    `/update_weights_from_distributed` expects (use it when the replicas run SGLang).
+    """
     specs = tensor_specs(named_tensors)
+    if bucket_bytes == 0:
+        for spec in specs:
+            t = named_tensors[spec.name].detach().to(group.device).contiguous()
+            group.broadcast(t, src)
+        return specs
     for bucket in make_buckets(specs, bucket_bytes):
         flat = flatten_bucket(bucket, named_tensors, device=group.device)
         group.broadcast(flat, src)
@@ -516,6 +563,12 @@ def recv_buckets(
 ) -> dict[str, torch.Tensor]:
     """Receiver side: the same bucket plan as `send_buckets`, filled by broadcast."""
     out: dict[str, torch.Tensor] = {}
+    if bucket_bytes == 0:
+        for spec in specs:
+            t = torch.empty(spec.shape, dtype=torch_dtype(spec.dtype), device=group.device)
+            group.broadcast(t, src)
+            out[spec.name] = t
+        return out
     for bucket in make_buckets(list(specs), bucket_bytes):
         flat = torch.empty(bucket.nbytes, dtype=torch.uint8, device=group.device)
         group.broadcast(flat, src)

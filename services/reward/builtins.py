@@ -187,8 +187,8 @@ _HASH_LINE_RE = re.compile(r"####[ \t]*\S[^\n]*\s*")
 def detect_format(prompt: str) -> str:
     """The answer form a prompt asks for: `tags` (<think>/<answer>), `boxed` or `hash`
     (`#### N`); `any` when the prompt does not say."""
-    if "<answer>" in prompt:
-        return "tags"
+    if "</answer>" in prompt or "<think>" in prompt:
+        return "tags"  # a closing tag: "#### <answer>" alone is a placeholder, not a tag
     if "\\boxed" in prompt:
         return "boxed"
     if "####" in prompt:

@@ -261,11 +261,9 @@ class WorkerPool:
                 if not chunk:
                     continue
                 self._inflight[slot] = chunk
-                alive = await self._run_chunk(worker, chunk)
+                alive = await self._run_chunk(slot, worker, chunk)
                 self._inflight.pop(slot, None)
                 if not alive:
-                    self._workers.pop(slot, None)
-                    self._update_gauges()
                     worker = None
         finally:
             if worker is not None:
@@ -337,11 +335,17 @@ class WorkerPool:
         if tasks:
             self._notify()
 
-    def _restart(self, reason: str) -> None:
+    async def _retire(self, slot: int, worker: _WorkerProcess, reason: str) -> int | None:
+        """Take the worker out of service, count the restart, kill it. Done before the
+        failed item is resolved, so a caller that sees TIMEOUT never sees the old worker."""
+        if self._workers.get(slot) is worker:
+            del self._workers[slot]
+        self._update_gauges()
         if self.metrics is not None:
             self.metrics.worker_restarts.labels(reason=reason).inc()
+        return await worker.kill()
 
-    async def _run_chunk(self, worker: _WorkerProcess, chunk: list[ScoreTask]) -> bool:
+    async def _run_chunk(self, slot: int, worker: _WorkerProcess, chunk: list[ScoreTask]) -> bool:
         """Score `chunk` on `worker`; returns whether the worker is still usable."""
         items = [
             {"id": i, "fn": task.fn_path, **task.payload} for i, task in enumerate(chunk)
@@ -357,8 +361,7 @@ class WorkerPool:
             worker.stdin.write(frame)
             await worker.stdin.drain()
         except (ConnectionError, BrokenPipeError, RuntimeError):
-            code = await worker.kill()
-            self._restart("crash")
+            code = await self._retire(slot, worker, "crash")
             log.warning("reward worker pipe broken", extra={"pid": worker.pid, "exit": describe_exit(code)})
             self._requeue(chunk)
             return False
@@ -367,9 +370,9 @@ class WorkerPool:
             try:
                 result = await asyncio.wait_for(worker.recv(), timeout=max(0.0, deadline - time.monotonic()))
             except TimeoutError:
+                await self._retire(slot, worker, "timeout")
                 elapsed = time.monotonic() - start
-                await worker.kill()
-                self._restart("timeout")
+                self._requeue(chunk[i + 1 :])
                 task.resolve(
                     TaskResult(
                         TIMEOUT,
@@ -379,14 +382,13 @@ class WorkerPool:
                     )
                 )
                 self._observe(task, elapsed)
-                self._requeue(chunk[i + 1 :])
                 return False
             except (asyncio.IncompleteReadError, ConnectionError, ProtocolError) as exc:
+                code = await self._retire(slot, worker, "crash")
                 elapsed = time.monotonic() - start
-                code = await worker.kill()
-                self._restart("crash")
                 detail = describe_exit(code) if not isinstance(exc, ProtocolError) else str(exc)
                 limit = self.config.memory_bytes >> 20
+                self._requeue(chunk[i + 1 :])
                 task.resolve(
                     TaskResult(
                         ERROR,
@@ -397,19 +399,19 @@ class WorkerPool:
                     )
                 )
                 self._observe(task, elapsed)
-                self._requeue(chunk[i + 1 :])
                 return False
             seconds = max(0.0, float(result["t1"]) - float(result["t0"]))
-            task.resolve(
-                TaskResult(result["status"], float(result["reward"]), result["message"], seconds)
-            )
-            self._observe(task, seconds)
+            outcome = TaskResult(result["status"], float(result["reward"]), result["message"], seconds)
             start = max(float(result["t1"]), start)
             if result.get("restart"):
-                await worker.kill()
-                self._restart(result.get("reason") or "limit")
+                # The worker reported a broken limit and exits: replace it first.
+                await self._retire(slot, worker, result.get("reason") or "limit")
                 self._requeue(chunk[i + 1 :])
+                task.resolve(outcome)
+                self._observe(task, seconds)
                 return False
+            task.resolve(outcome)
+            self._observe(task, seconds)
         return True
 
     def _observe(self, task: ScoreTask, seconds: float) -> None:

@@ -142,8 +142,9 @@ def parse_value(text: str) -> Any:
     try:
         value = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ValueError(f"cannot parse {text!r} as a YAML value ({exc.problem})") from None
-    if isinstance(value, str) and _FLOAT.match(value.strip()):
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ValueError(f"cannot parse {text!r} as a YAML value ({problem})") from None
+    if isinstance(value, str) and _FLOAT.match(text.strip()):
         return float(value)
     return value
 

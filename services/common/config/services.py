@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import os
-from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from ._base import FlywheelModel
 
@@ -18,10 +17,11 @@ class EndpointConfig(FlywheelModel):
     in containers; callers then use the service name)."""
 
     port: int = Field(default=0, ge=0, le=65535)
-    """gRPC port; 0 picks a free port (local runs)."""
+    """gRPC port; 0 (the default) lets the local launcher pick a free port and write it
+    into the resolved config; deployments (compose, Helm) set fixed ports."""
 
     metrics_port: int = Field(default=0, ge=0, le=65535)
-    """HTTP port of /metrics, /healthz and /readyz; 0 picks a free port."""
+    """HTTP port of /metrics, /healthz and /readyz; 0 lets the launcher pick one."""
 
     @property
     def address(self) -> str:
@@ -53,19 +53,6 @@ class RolloutEndpointConfig(EndpointConfig):
         return f"{self.replica_host(index)}:{self.replica_port(index)}"
 
 
-_DEFAULT_PORTS = {
-    "rollout": (50100, 9200),
-    "reward": (50051, 9101),
-    "buffer": (50052, 9102),
-    "trainer": (50053, 9103),
-}
-
-
-def _ports(name: str) -> dict[str, int]:
-    port, metrics_port = _DEFAULT_PORTS[name]
-    return {"port": port, "metrics_port": metrics_port}
-
-
 def _token_from_env() -> str | None:
     return os.environ.get("FLYWHEEL_TOKEN") or None
 
@@ -73,34 +60,20 @@ def _token_from_env() -> str | None:
 class ServicesConfig(FlywheelModel):
     """Network settings shared by every service."""
 
-    rollout: RolloutEndpointConfig = Field(
-        default_factory=lambda: RolloutEndpointConfig(**_ports("rollout"))
-    )
+    rollout: RolloutEndpointConfig = Field(default_factory=RolloutEndpointConfig)
     """Rollout service; replica i is at `replica_address(i)` (`port + port_stride * i`)."""
 
-    reward: EndpointConfig = Field(default_factory=lambda: EndpointConfig(**_ports("reward")))
+    reward: EndpointConfig = Field(default_factory=EndpointConfig)
     """Reward service."""
 
-    buffer: EndpointConfig = Field(default_factory=lambda: EndpointConfig(**_ports("buffer")))
+    buffer: EndpointConfig = Field(default_factory=EndpointConfig)
     """Buffer service."""
 
-    trainer: EndpointConfig = Field(default_factory=lambda: EndpointConfig(**_ports("trainer")))
+    trainer: EndpointConfig = Field(default_factory=EndpointConfig)
     """Trainer service (rank 0)."""
 
     auth_token: str | None = Field(default_factory=_token_from_env)
     """Bearer token every RPC must carry; defaults to `$FLYWHEEL_TOKEN`; null disables auth."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _default_ports(cls, data: Any) -> Any:
-        # A block that sets only `host` keeps its service's default ports (not 0).
-        if isinstance(data, dict):
-            data = dict(data)
-            for name in _DEFAULT_PORTS:
-                block = data.get(name)
-                if isinstance(block, dict):
-                    data[name] = {**_ports(name), **block}
-        return data
 
     max_message_bytes: int = Field(default=64 << 20, ge=4 << 20)
     """Largest gRPC message sent or received (the 4 MiB gRPC default is too small for

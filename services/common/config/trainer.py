@@ -56,3 +56,41 @@ class TrainerConfig(FlywheelModel):
 
     log_every_steps: int = Field(default=1, ge=1)
     """Log training stats every this many steps."""
+
+    # -- Flywheel trainer additions (trainer engineer) -------------------------------------
+
+    lr_schedule_steps: int | None = Field(default=None, ge=1)
+    """Trainer steps the learning-rate schedule spans (warm-up and decay are laid out over
+    this many steps x `actor.ppo_n_minibatches` optimizer steps); null means
+    `total_train_steps`. Set it to decay over a horizon longer than this run."""
+
+    consumer_id: str | None = None
+    """Name the trainer claims under in the buffer; null means
+    `trainer-<experiment_name>-<trial_name>`. A restarted trainer must keep it, so that
+    its unfinished claim of the previous life is handed back to it."""
+
+    claim_wait_ms: int = Field(default=1000, ge=0, le=60_000)
+    """How long one Claim waits for a full batch; between claims the trainer answers
+    Pause/Stop/SaveCheckpoint requests."""
+
+    save_on_exit: bool = True
+    """Write a checkpoint when the run ends (total_train_steps reached or Stop), unless
+    the last step was just saved; needs `save_freq_steps` to be set."""
+
+    export_hf: bool = True
+    """With every checkpoint, also write the policy in Hugging Face format
+    (`<checkpoint>/hf`) for serving and evaluation."""
+
+    weight_bucket_bytes: int = Field(default=64 << 20, ge=1 << 10)
+    """Bucket size of the `distributed` weight transport (bytes per broadcast)."""
+
+    weight_chunk_bytes: int = Field(default=4 << 20, ge=1 << 10)
+    """Chunk size of the `grpc` weight transport (bytes per message)."""
+
+    weights_group_port: int = Field(default=0, ge=0, le=65535)
+    """Port of the rendezvous store of the `distributed` weight transport, hosted by the
+    trainer's rank 0; 0 picks a free port."""
+
+    keep_weight_versions: int = Field(default=2, ge=1)
+    """Published weight directories (`disk` transport) kept under `weight_dir`; older ones
+    are deleted once every replica serves a newer one."""

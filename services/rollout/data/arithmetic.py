@@ -48,9 +48,7 @@ def _pool(split: Split) -> list[tuple[int, int]]:
     if split not in ("train", "valid"):
         raise ValueError(f"split={split!r}: use 'train' or 'valid'")
     want_valid = split == "valid"
-    return [
-        (a, b) for a in OPERAND_RANGE for b in OPERAND_RANGE if is_held_out(a, b) == want_valid
-    ]
+    return [(a, b) for a in OPERAND_RANGE for b in OPERAND_RANGE if is_held_out(a, b) == want_valid]
 
 
 def make_row(a: int, b: int) -> dict[str, str]:

@@ -38,7 +38,9 @@ class RowSampling:
         return self.greedy or self.temperature <= 0.0
 
 
-def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+def filter_top_k_top_p(
+    logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
     """Mask (to -inf) tokens outside each row's top-k and nucleus (top-p) set.
 
     `logits` [B, V] are already temperature-scaled; `top_k` [B] int (<= 0 = no limit) and

@@ -114,7 +114,9 @@ def compute_advantages(
     if gae_timestep_unit not in ("token", "turn"):
         raise ValueError(f"gae_timestep_unit must be 'token' or 'turn', got {gae_timestep_unit!r}")
     if gae_timestep_unit == "turn" and turn_ids is None:
-        raise ValueError("gae_timestep_unit='turn' needs turn_ids (one id per token, -1 outside turns)")
+        raise ValueError(
+            "gae_timestep_unit='turn' needs turn_ids (one id per token, -1 outside turns)"
+        )
     if kl_ctl < 0:
         raise ValueError(f"kl_ctl must be >= 0, got {kl_ctl!r}")
     if kl_ctl > 0 and (logprobs is None or ref_logprobs is None):
@@ -254,7 +256,9 @@ def _compute_padded(
         )
         r = r + penalty
         stats["overlong_penalty"] = scalar(penalty.mean() if n else 0.0)
-    r = shape_rewards(r, reward_bias=reward_bias, reward_scaling=reward_scaling, reward_clip=reward_clip)
+    r = shape_rewards(
+        r, reward_bias=reward_bias, reward_scaling=reward_scaling, reward_clip=reward_clip
+    )
     if mask_no_eos_with_zero:
         r = torch.where(no_eos, 0.0, r)
         mask = mask & ~no_eos.unsqueeze(1)

@@ -81,7 +81,9 @@ def _seq_mean_token_mean(per_token_loss, mask, denominator_mask, cu_seqlens, nor
 
 
 @AGGREGATORS.register("seq-mean-token-sum-norm")
-def _seq_mean_token_sum_norm(per_token_loss, mask, denominator_mask, cu_seqlens, normalizer, constant):  # type: ignore[no-untyped-def]
+def _seq_mean_token_sum_norm(
+    per_token_loss, mask, denominator_mask, cu_seqlens, normalizer, constant
+):  # type: ignore[no-untyped-def]
     if constant is None or not constant > 0:
         raise ValueError(
             "loss_agg_mode='seq-mean-token-sum-norm' needs a positive constant "

@@ -67,7 +67,9 @@ def relative_position(context: Mapping[str, Tensor], q: float = 0.5) -> Tensor:
 
 
 GAE_LAMBDA_FNS.alias("areal.trainer.ppo.lambda_fn.vapo_length_adaptive_gae", "vapo_length_adaptive")
-GAE_LAMBDA_FNS.alias("areal.trainer.ppo.lambda_fn.relative_position_gae_lambda", "relative_position")
+GAE_LAMBDA_FNS.alias(
+    "areal.trainer.ppo.lambda_fn.relative_position_gae_lambda", "relative_position"
+)
 
 
 def resolve_gae_lambda(

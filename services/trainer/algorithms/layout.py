@@ -42,9 +42,7 @@ def check_cu_seqlens(cu_seqlens: Tensor, total: int) -> Tensor:
     if int(cu[0]) != 0:
         raise ValueError(f"cu_seqlens must start at 0, got {int(cu[0])}")
     if int(cu[-1]) != total:
-        raise ValueError(
-            f"cu_seqlens must end at the packed length {total}, got {int(cu[-1])}"
-        )
+        raise ValueError(f"cu_seqlens must end at the packed length {total}, got {int(cu[-1])}")
     if cu.numel() > 1 and bool((cu[1:] < cu[:-1]).any()):
         raise ValueError("cu_seqlens must be non-decreasing")
     return cu

@@ -206,7 +206,9 @@ def normalize(
         b_sum = _all_reduce(total.sum().reshape(1), process_group)
         b_cnt = _all_reduce(count.sum().reshape(1), process_group)
         b_mean = b_sum / b_cnt.clamp(min=1)
-        b_ss = _all_reduce(torch.where(valid, xd - b_mean, 0.0).square().sum().reshape(1), process_group)
+        b_ss = _all_reduce(
+            torch.where(valid, xd - b_mean, 0.0).square().sum().reshape(1), process_group
+        )
         b_denom = b_cnt - 1 if std_unbiased else b_cnt
         b_std = torch.where(b_denom > 0, (b_ss / b_denom.clamp(min=1)).sqrt(), 0.0)
 

@@ -66,9 +66,13 @@ KPOP = RejectionSpec(level="token", action="mask", metric="binary_kl", upper=2.0
 def check_rejection_spec(spec: RejectionLike) -> None:
     """Validate a rejection-sampling configuration; errors name the field and the fix."""
     if spec.level not in ("token", "sequence"):
-        raise ValueError(f"rejection_sampling.level must be 'token' or 'sequence', got {spec.level!r}")
+        raise ValueError(
+            f"rejection_sampling.level must be 'token' or 'sequence', got {spec.level!r}"
+        )
     if spec.action not in ("mask", "clamp"):
-        raise ValueError(f"rejection_sampling.action must be 'mask' or 'clamp', got {spec.action!r}")
+        raise ValueError(
+            f"rejection_sampling.action must be 'mask' or 'clamp', got {spec.action!r}"
+        )
     if spec.metric not in _METRICS:
         raise ValueError(
             f"rejection_sampling.metric must be one of {', '.join(_METRICS)}, got {spec.metric!r}"
@@ -90,7 +94,9 @@ def check_rejection_spec(spec: RejectionLike) -> None:
                 f"rejection_sampling.upper must be > 1 for metric='ratio', got {spec.upper}"
             )
         if spec.lower is not None and spec.lower <= 0:
-            raise ValueError(f"rejection_sampling.lower must be > 0 for metric='ratio', got {spec.lower}")
+            raise ValueError(
+                f"rejection_sampling.lower must be > 0 for metric='ratio', got {spec.lower}"
+            )
     if spec.metric in ("kl_k2", "kl_k3", "binary_kl") and spec.upper <= 0:
         raise ValueError(f"rejection_sampling.upper must be > 0 for metric={spec.metric!r}")
     if spec.metric == "binary_kl" and spec.lower is not None:
@@ -179,7 +185,9 @@ def apply_rejection_sampling(
     return RejectionResult(new_mask, weight, scalar(filtered))
 
 
-def m2po_mask(log_ratio: Tensor, loss_mask: Tensor, m2_threshold: float) -> tuple[Tensor, dict[str, Tensor]]:
+def m2po_mask(
+    log_ratio: Tensor, loss_mask: Tensor, m2_threshold: float
+) -> tuple[Tensor, dict[str, Tensor]]:
     """M2PO: keep the tokens with the smallest (log r)^2 whose mean stays <= threshold.
 
     Sorting the valid tokens' M2 ascending, the running mean is non-decreasing, so the kept
@@ -201,7 +209,9 @@ def m2po_mask(log_ratio: Tensor, loss_mask: Tensor, m2_threshold: float) -> tupl
     if n == 0:
         return mask, stats
     sorted_vals, order = torch.sort(vals)
-    running = torch.cumsum(sorted_vals, 0) / torch.arange(1, n + 1, dtype=torch.float64, device=vals.device)
+    running = torch.cumsum(sorted_vals, 0) / torch.arange(
+        1, n + 1, dtype=torch.float64, device=vals.device
+    )
     keep_n = int((running <= m2_threshold).sum())
     keep_sorted = torch.arange(n, device=vals.device) < keep_n
     keep = torch.empty_like(keep_sorted)

@@ -51,7 +51,13 @@ from .stats import (
     scalar,
 )
 
-PROX_LOGP_METHODS: tuple[str, ...] = ("recompute", "loglinear", "linear", "metrics", "reuse_train_logp")
+PROX_LOGP_METHODS: tuple[str, ...] = (
+    "recompute",
+    "loglinear",
+    "linear",
+    "metrics",
+    "reuse_train_logp",
+)
 _SKIPS_FORWARD = ("loglinear", "linear", "reuse_train_logp")
 
 
@@ -169,7 +175,9 @@ def compute_prox_logp(
                 f"{tuple(theta_logprobs.shape)}"
             )
     if mask.shape != theta_logprobs.shape:
-        raise ValueError(f"loss_mask has shape {tuple(mask.shape)}, expected {tuple(theta_logprobs.shape)}")
+        raise ValueError(
+            f"loss_mask has shape {tuple(mask.shape)}, expected {tuple(theta_logprobs.shape)}"
+        )
     stats: dict[str, Tensor] = {}
 
     if method == "reuse_train_logp":
@@ -183,7 +191,9 @@ def compute_prox_logp(
 
     if method in ("recompute", "metrics"):
         if recomputed_logprobs is None:
-            raise ValueError(f"prox_logp_method={method!r} needs recomputed_logprobs (a forward with W_v)")
+            raise ValueError(
+                f"prox_logp_method={method!r} needs recomputed_logprobs (a forward with W_v)"
+            )
         _check_finite("recomputed_logprobs", recomputed_logprobs, mask)
         truth = recomputed_logprobs.detach().to(torch.float32)
         if method == "recompute":
@@ -214,9 +224,19 @@ def compute_prox_logp(
         prefix = f"prox_approx/{approx_name}"
         stats.update(_errors(approx, truth, generated, f"{prefix}/logp"))
         stats.update(
-            _errors(torch.exp(approx - b), torch.exp(truth - b), generated, f"{prefix}/behave_imp_weight")
+            _errors(
+                torch.exp(approx - b),
+                torch.exp(truth - b),
+                generated,
+                f"{prefix}/behave_imp_weight",
+            )
         )
         stats.update(
-            _errors(torch.exp(th - approx), torch.exp(th - truth), generated, f"{prefix}/importance_weight")
+            _errors(
+                torch.exp(th - approx),
+                torch.exp(th - truth),
+                generated,
+                f"{prefix}/importance_weight",
+            )
         )
     return ProxResult(truth, {k: scalar(v) for k, v in stats.items()})

@@ -42,7 +42,9 @@ def load_dotted(path: str, *, what: str = "object") -> object:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise RegistryError(f"{what}: cannot import module {module_name!r} of {path!r}: {exc}") from exc
+        raise RegistryError(
+            f"{what}: cannot import module {module_name!r} of {path!r}: {exc}"
+        ) from exc
     try:
         return getattr(module, attr)
     except AttributeError as exc:

@@ -20,7 +20,10 @@ PROX_ERROR_KINDS: tuple[str, ...] = ("abs_error", "rel_error", "sq_error")
 STATS: dict[str, tuple[str, str]] = {
     # -- batch and rewards (compute_advantages) --------------------------------------------
     "n_seqs": ("sequences in the call", "—"),
-    "n_valid_tokens": ("tokens with loss_mask = 1 after every filter", "drops: filters eat the batch"),
+    "n_valid_tokens": (
+        "tokens with loss_mask = 1 after every filter",
+        "drops: filters eat the batch",
+    ),
     "task_reward": ("mean raw outcome reward per sequence", "flat: nothing is learnt"),
     "correct_n_seqs": ("sequences with reward > 0", "—"),
     "incorrect_n_seqs": ("sequences with reward <= 0", "—"),
@@ -82,7 +85,10 @@ STATS: dict[str, tuple[str, str]] = {
     ),
     # -- critic (critic_loss) --------------------------------------------------------------
     "value_loss": ("aggregated critic loss (detached)", "does not fall: critic does not learn"),
-    "value_clip_ratio": ("fraction of valid tokens where value clipping binds", "high: eps too small"),
+    "value_clip_ratio": (
+        "fraction of valid tokens where value clipping binds",
+        "high: eps too small",
+    ),
     "values": ("mean predicted value over valid tokens", "—"),
     # -- dynamic filtering (filters.filter_groups) -----------------------------------------
     "dynamic_filter_dropped_fraction": (

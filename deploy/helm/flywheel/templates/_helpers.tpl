@@ -112,13 +112,11 @@ app.kubernetes.io/part-of: flywheel
 {{- end -}}
 {{- end -}}
 
-{{/* Replica i of the rollout StatefulSet is "<fullname>-rollout-i" behind the headless
-     Service; with one replica the name is written out, with several the services format
-     "{i}" themselves. */}}
+{{/* Replica i of the rollout StatefulSet is pod "<fullname>-rollout-i" behind the headless
+     Service; callers replace "{i}" with the replica index (services.rollout.replica_host). */}}
 {{- define "flywheel.rolloutHost" -}}
 {{- $full := include "flywheel.fullname" . -}}
-{{- $index := ternary "0" "{i}" (eq (int (include "flywheel.rolloutReplicas" .)) 1) -}}
-{{- printf "%s-rollout-%s.%s-rollout-headless.%s" $full $index $full (include "flywheel.svcDomain" .) -}}
+{{- printf "%s-rollout-{i}.%s-rollout-headless.%s" $full $full (include "flywheel.svcDomain" .) -}}
 {{- end -}}
 
 {{- define "flywheel.trainerMaster" -}}
@@ -144,7 +142,7 @@ app.kubernetes.io/part-of: flywheel
   "services" (dict
       "buffer" (dict "host" (printf "%s-buffer.%s" $full $domain) "port" (int .Values.buffer.ports.grpc) "metrics_port" (int .Values.buffer.ports.metrics))
       "reward" (dict "host" (printf "%s-reward.%s" $full $domain) "port" (int .Values.reward.ports.grpc) "metrics_port" (int .Values.reward.ports.metrics))
-      "rollout" (dict "host" (include "flywheel.rolloutHost" .) "port" (int .Values.rollout.ports.grpc) "metrics_port" (int .Values.rollout.ports.metrics))
+      "rollout" (dict "host" (include "flywheel.rolloutHost" .) "port" (int .Values.rollout.ports.grpc) "metrics_port" (int .Values.rollout.ports.metrics) "port_stride" 0)
       "trainer" (dict "host" (include "flywheel.trainerMaster" .) "port" (int .Values.trainer.ports.grpc) "metrics_port" (int .Values.trainer.ports.metrics)))
 -}}
 {{- if .Values.rollout.sglang.enabled -}}

@@ -1,0 +1,301 @@
+"""`BufferClient`: the typed async client the rollout and trainer use to talk to the buffer.
+
+Every state-changing call carries a `request_id` generated once per logical call and reused
+on each retry, so retrying after a lost answer is harmless (the buffer deduplicates puts by
+group id and answers Claim/ReserveCapacity/SetVersion retries from a short-lived record).
+Transient failures (UNAVAILABLE, DEADLINE_EXCEEDED) are retried with backoff; a full buffer
+(RESOURCE_EXHAUSTED with a `retry-after-ms` trailer) is waited out for up to
+`backpressure_wait_s`; everything else is raised at once as a typed error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+
+from flywheel_proto.v1 import buffer_pb2, buffer_pb2_grpc, common_pb2
+from services.common.codec import CodecLimits, TrajectoryGroup, group_from_proto, group_to_proto
+from services.common.grpc_client import make_channel
+
+T = TypeVar("T")
+
+_RESULT_NAMES = {
+    buffer_pb2.ADMISSION_RESULT_ADMITTED: "admitted",
+    buffer_pb2.ADMISSION_RESULT_DUPLICATE: "duplicate",
+    buffer_pb2.ADMISSION_RESULT_STALE: "stale",
+    buffer_pb2.ADMISSION_RESULT_FILTERED: "filtered",
+    buffer_pb2.ADMISSION_RESULT_INVALID: "invalid",
+}
+_TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+class BufferClientError(Exception):
+    """Base of the errors this client raises on purpose (others are grpc.RpcError)."""
+
+
+class InvalidGroupError(BufferClientError, ValueError):
+    """The buffer refused a group as malformed or oversized (counted as dropped{invalid})."""
+
+
+class BufferFullError(BufferClientError):
+    """The buffer stayed full for longer than `backpressure_wait_s`."""
+
+
+class VersionRegressionError(BufferClientError, ValueError):
+    """SetVersion with a version below the buffer's current one; `current` holds it."""
+
+    def __init__(self, message: str, current: int) -> None:
+        super().__init__(message)
+        self.current = current
+
+
+@dataclass(frozen=True)
+class PutResult:
+    """`result` is admitted, duplicate (already put; nothing stored again), stale or filtered."""
+
+    result: str
+    reason: str
+    version: int
+
+    @property
+    def stored(self) -> bool:
+        """True when the group is (or already was) in the buffer for a trainer."""
+        return self.result in ("admitted", "duplicate")
+
+
+@dataclass(frozen=True)
+class Reservation:
+    reservation_ids: list[str]
+    version: int
+    capacity: int
+    retry_after_ms: int
+
+
+@dataclass(frozen=True)
+class CapacityInfo:
+    capacity: int
+    version: int
+    running: int
+    accepted: int
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    groups: list[TrajectoryGroup]
+    version: int
+    dropped_stale: int
+
+    @property
+    def group_ids(self) -> list[str]:
+        return [g.group_id for g in self.groups]
+
+
+def _trailer(err: grpc.RpcError, key: str) -> str | None:
+    try:
+        trailers = err.trailing_metadata() or ()
+    except Exception:  # noqa: BLE001 - errors raised before a call exist carry none
+        return None
+    for k, v in trailers:
+        if k == key:
+            return v.decode() if isinstance(v, bytes) else str(v)
+    return None
+
+
+class BufferClient:
+    """Async client of `flywheel.v1.BufferService`; use as `async with BufferClient(addr) as c`.
+
+    `timeout` is the deadline of one attempt; `retries` bounds retries of transient failures.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        auth_token: str | None = None,
+        max_message_bytes: int = 64 << 20,
+        timeout: float = 30.0,
+        retries: int = 5,
+        backpressure_wait_s: float = 300.0,
+        codec_limits: CodecLimits = CodecLimits(),
+    ) -> None:
+        self.address = address
+        self.channel = make_channel(
+            address, max_message_bytes=max_message_bytes, auth_token=auth_token
+        )
+        self.stub = buffer_pb2_grpc.BufferServiceStub(self.channel)
+        self.timeout = timeout
+        self.retries = retries
+        self.backpressure_wait_s = backpressure_wait_s
+        self.codec_limits = codec_limits
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def __aenter__(self) -> BufferClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _call(
+        self,
+        method: Callable[..., Awaitable[T]],
+        request: Any,
+        *,
+        timeout: float | None = None,
+    ) -> T:
+        """One logical call: retries transient failures and waits out backpressure."""
+        attempt = 0
+        backpressure_deadline = time.monotonic() + self.backpressure_wait_s
+        while True:
+            try:
+                return await method(request, timeout=timeout or self.timeout)
+            except grpc.RpcError as err:
+                code = err.code()
+                if code in _TRANSIENT and attempt < self.retries:
+                    attempt += 1
+                    await asyncio.sleep(min(2.0, 0.05 * 2**attempt) * (0.5 + random.random() / 2))
+                    continue
+                hint = (
+                    _trailer(err, "retry-after-ms")
+                    if code == grpc.StatusCode.RESOURCE_EXHAUSTED
+                    else None
+                )
+                if hint is not None:
+                    wait = int(hint) / 1000.0
+                    if time.monotonic() + wait <= backpressure_deadline:
+                        await asyncio.sleep(wait)
+                        continue
+                    raise BufferFullError(
+                        f"buffer at {self.address} still full after {self.backpressure_wait_s}s: "
+                        f"{err.details()}"
+                    ) from err
+                raise
+
+    @staticmethod
+    def _rid(request_id: str | None) -> str:
+        return request_id or uuid.uuid4().hex
+
+    # -- rollout side ----------------------------------------------------------------------
+    async def put(
+        self,
+        group: TrajectoryGroup | common_pb2.TrajectoryGroup,
+        *,
+        request_id: str | None = None,
+    ) -> PutResult:
+        """Store one group. Raises InvalidGroupError (malformed/oversized, nothing stored)
+        and BufferFullError (backpressure lasted too long)."""
+        msg = group if isinstance(group, common_pb2.TrajectoryGroup) else group_to_proto(group)
+        req = buffer_pb2.PutRequest(request_id=self._rid(request_id), group=msg)
+        try:
+            resp = await self._call(self.stub.Put, req)
+        except grpc.RpcError as err:
+            if err.code() in (
+                grpc.StatusCode.INVALID_ARGUMENT,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+            ):
+                raise InvalidGroupError(err.details()) from err
+            raise
+        return PutResult(_RESULT_NAMES.get(resp.result, "unspecified"), resp.reason, resp.version)
+
+    async def reserve(
+        self, count: int, *, rollout_id: str = "", request_id: str | None = None
+    ) -> Reservation:
+        """Ask for capacity for `count` groups; may grant fewer, possibly none."""
+        req = buffer_pb2.ReserveCapacityRequest(
+            request_id=self._rid(request_id), rollout_id=rollout_id, count=count
+        )
+        r = await self._call(self.stub.ReserveCapacity, req)
+        return Reservation(list(r.reservation_ids), r.version, r.capacity, r.retry_after_ms)
+
+    async def release(
+        self, reservation_ids: Sequence[str], *, request_id: str | None = None
+    ) -> int:
+        """Give back reservations that will not be fulfilled; returns how many were held."""
+        req = buffer_pb2.ReleaseCapacityRequest(
+            request_id=self._rid(request_id), reservation_ids=list(reservation_ids)
+        )
+        return (await self._call(self.stub.ReleaseCapacity, req)).released
+
+    async def capacity(self) -> CapacityInfo:
+        r = await self._call(self.stub.GetCapacity, common_pb2.Empty())
+        return CapacityInfo(r.capacity, r.version, r.running, r.accepted)
+
+    # -- trainer side ----------------------------------------------------------------------
+    async def claim(
+        self,
+        n_groups: int,
+        *,
+        consumer_id: str,
+        wait_ms: int = 0,
+        allow_partial: bool = False,
+        request_id: str | None = None,
+    ) -> ClaimResult:
+        """Whole groups, oldest version first; none unless all n arrive within `wait_ms`
+        (or fewer at the end of the wait with `allow_partial`). Ack them after the
+        optimizer step that used them, or they are redelivered after `buffer.claim_idle_ms`."""
+        req = buffer_pb2.ClaimRequest(
+            request_id=self._rid(request_id),
+            consumer_id=consumer_id,
+            n_groups=n_groups,
+            wait_ms=wait_ms,
+            allow_partial=allow_partial,
+        )
+        r = await self._call(self.stub.Claim, req, timeout=self.timeout + wait_ms / 1000.0)
+        groups = [group_from_proto(g, self.codec_limits) for g in r.groups]
+        return ClaimResult(groups, r.version, r.dropped_stale)
+
+    async def ack(
+        self, group_ids: Sequence[str], *, consumer_id: str = "", request_id: str | None = None
+    ) -> int:
+        """Forget claimed groups; returns how many were newly acknowledged (retries: 0)."""
+        req = buffer_pb2.AckRequest(
+            request_id=self._rid(request_id), consumer_id=consumer_id, group_ids=list(group_ids)
+        )
+        return (await self._call(self.stub.Ack, req)).acked
+
+    async def set_version(self, version: int, *, request_id: str | None = None) -> int:
+        """Move the version forward; raises VersionRegressionError for a lower one."""
+        req = buffer_pb2.SetVersionRequest(request_id=self._rid(request_id), version=version)
+        try:
+            return (await self._call(self.stub.SetVersion, req)).version
+        except grpc.RpcError as err:
+            if err.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                current = await self.get_version()
+                raise VersionRegressionError(err.details(), current) from err
+            raise
+
+    async def get_version(self) -> int:
+        return (await self._call(self.stub.GetVersion, common_pb2.Empty())).version
+
+    # -- inspection ------------------------------------------------------------------------
+    async def stats(self) -> buffer_pb2.BufferStats:
+        """Counters and the accounting invariant (`invariant_ok`)."""
+        return await self._call(self.stub.Stats, common_pb2.Empty())
+
+    async def list_groups(
+        self, min_version: int = 0, max_version: int = -1, limit: int = 1000
+    ) -> list[buffer_pb2.GroupSummary]:
+        req = buffer_pb2.ListGroupsRequest(
+            min_version=min_version, max_version=max_version, limit=limit
+        )
+        return list((await self._call(self.stub.ListGroups, req)).groups)
+
+    async def read_group(self, group_id: str) -> TrajectoryGroup:
+        msg = await self._call(self.stub.ReadGroup, buffer_pb2.ReadGroupRequest(group_id=group_id))
+        return group_from_proto(msg, self.codec_limits)
+
+    async def export(
+        self, path: str, min_version: int = 0, max_version: int = -1
+    ) -> tuple[int, str]:
+        """Export to `path` inside the buffer's export_dir; returns (groups, absolute path)."""
+        req = buffer_pb2.ExportRequest(min_version=min_version, max_version=max_version, path=path)
+        r = await self._call(self.stub.Export, req, timeout=max(self.timeout, 600.0))
+        return r.groups, r.path

@@ -1,0 +1,486 @@
+"""Model runners of the torch engine: turn pending tokens of many sequences into next-token logits.
+
+A runner owns the KV cache. The engine hands it sequences (objects with `tokens`, `cache_len`
+and a runner-private `slot`); the runner runs the model over each sequence's pending tokens
+`tokens[cache_len:]`, stores their keys/values, sets `cache_len = len(tokens)` and returns the
+logits of the last position of every sequence.
+
+Two implementations:
+
+- `NativeDecoderRunner` runs the decoder of Llama-family models (Qwen2, Qwen3, Llama, Mistral
+  without sliding window) itself, reading the HF modules' weights, over a slot-based KV cache
+  (one slot per sequence, slots kept contiguous so a decode step attends over one view
+  without gathering). It skips the per-step work of the generic HF forward (mask building,
+  cache objects, output classes), which is what dominates small-model decoding.
+- `HFRunner` calls the HF model's own forward with a left-padded `DynamicCache`: any causal LM
+  works. New sequences are prefilled as a batch and merged into the running batch.
+
+Both are numerically the same computation as `model(input_ids)` up to float reassociation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+
+
+class RunnerSeq(Protocol):
+    tokens: list[int]
+    cache_len: int
+    slot: Any
+
+
+class ModelRunner(Protocol):
+    max_positions: int
+
+    def forward(self, seqs: Sequence[RunnerSeq]) -> torch.Tensor: ...
+
+    def remove(self, seq: RunnerSeq) -> None: ...
+
+    def invalidate(self, seqs: Sequence[RunnerSeq]) -> None: ...
+
+
+def _max_positions(model: torch.nn.Module) -> int:
+    return int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
+
+
+_STATIC_ROPE = {None, "default", "linear", "llama3", "yarn"}
+_NATIVE_TYPES = {"qwen2", "qwen3", "llama", "mistral"}
+
+
+class NativeDecoderRunner:
+    """Slot-based KV cache and a hand-written decoder pass for Llama-family HF models."""
+
+    @staticmethod
+    def supports(model: torch.nn.Module) -> tuple[bool, str]:
+        cfg = model.config
+        if cfg.model_type not in _NATIVE_TYPES:
+            return False, f"model_type {cfg.model_type!r} is not one of {sorted(_NATIVE_TYPES)}"
+        if getattr(cfg, "use_sliding_window", False) or (
+            cfg.model_type == "mistral" and getattr(cfg, "sliding_window", None)
+        ):
+            return False, "sliding-window attention"
+        rope = getattr(cfg, "rope_scaling", None) or {}
+        rope_type = rope.get("rope_type", rope.get("type"))
+        if rope_type not in _STATIC_ROPE:
+            return False, f"rope type {rope_type!r} depends on sequence length"
+        base = getattr(model, "model", None)
+        if base is None or not hasattr(base, "layers") or not hasattr(base, "rotary_emb"):
+            return False, "model has no .model.layers / .model.rotary_emb"
+        return True, ""
+
+    def __init__(
+        self, model: torch.nn.Module, *, max_slots: int, initial_capacity: int = 256
+    ) -> None:
+        ok, why = self.supports(model)
+        if not ok:
+            raise ValueError(f"native runner cannot run this model: {why}")
+        cfg = model.config
+        self.model = model
+        base = model.model
+        self.embed = base.embed_tokens
+        self.layers = list(base.layers)
+        self.norm = base.norm
+        self.lm_head = model.lm_head
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
+        self.scaling = float(getattr(self.layers[0].self_attn, "scaling", self.head_dim**-0.5))
+        self.max_positions = _max_positions(model)
+        self.max_slots = max_slots
+        param = next(model.parameters())
+        self.device = param.device
+        self.dtype = param.dtype
+        # RoPE tables for every position, computed once by the model's own rotary module
+        # (float32 inside, cast to the activation dtype exactly as the HF forward does).
+        positions = torch.arange(self.max_positions, device=self.device).unsqueeze(0)
+        probe = torch.empty(1, dtype=self.dtype, device=self.device)
+        with torch.no_grad():
+            cos, sin = base.rotary_emb(probe, positions)
+        self.cos = cos[0]
+        self.sin = sin[0]
+        self.capacity = 0
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+        self._grow(min(initial_capacity, self.max_positions))
+        self._owner: list[RunnerSeq | None] = [None] * max_slots
+        self.refresh_weights()
+
+    @torch.inference_mode()
+    def refresh_weights(self) -> None:
+        """Rebuild the fused projection weights from the model's parameters.
+
+        q/k/v and gate/up projections are concatenated so a decode step runs one matmul
+        for each group instead of three and two; the engine calls this after every weight
+        update (the copies would otherwise keep serving the old weights).
+        """
+        self._qkv: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+        self._gate_up: list[torch.Tensor] = []
+        for layer in self.layers:
+            a = layer.self_attn
+            w = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
+            biases = [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]
+            b = torch.cat(biases) if all(x is not None for x in biases) else None
+            if b is None and any(x is not None for x in biases):
+                b = torch.cat(
+                    [
+                        x
+                        if x is not None
+                        else torch.zeros(p.weight.shape[0], dtype=w.dtype, device=w.device)
+                        for x, p in zip(biases, (a.q_proj, a.k_proj, a.v_proj), strict=True)
+                    ]
+                )
+            self._qkv.append((w, b))
+            m = layer.mlp
+            self._gate_up.append(torch.cat([m.gate_proj.weight, m.up_proj.weight]))
+        self._q_size = self.num_heads * self.head_dim
+        self._kv_size = self.num_kv_heads * self.head_dim
+
+    # ----------------------------------------------------------------- cache
+
+    @torch.inference_mode()
+    def _grow(self, needed: int) -> None:
+        if needed <= self.capacity:
+            return
+        if needed > self.max_positions:
+            raise ValueError(f"sequence of {needed} tokens exceeds {self.max_positions} positions")
+        cap = min(self.max_positions, max(needed, 2 * self.capacity))
+        shape = (self.max_slots, self.num_kv_heads, cap, self.head_dim)
+        new_k = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
+        new_v = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
+        for i in range(len(self.k)):
+            new_k[i][:, :, : self.capacity] = self.k[i]
+            new_v[i][:, :, : self.capacity] = self.v[i]
+        self.k, self.v, self.capacity = new_k, new_v, cap
+
+    def _alloc(self, seq: RunnerSeq) -> None:
+        for slot, owner in enumerate(self._owner):
+            if owner is None:
+                self._owner[slot] = seq
+                seq.slot = slot
+                return
+        raise RuntimeError(f"all {self.max_slots} KV slots are in use")
+
+    @torch.inference_mode()
+    def remove(self, seq: RunnerSeq) -> None:
+        """Free the sequence's slot; the highest occupied slot moves into it (contiguity)."""
+        slot = seq.slot
+        if slot is None:
+            return
+        seq.slot = None
+        self._owner[slot] = None
+        last = max((i for i, o in enumerate(self._owner) if o is not None), default=-1)
+        if last > slot:
+            mover = self._owner[last]
+            assert mover is not None
+            n = mover.cache_len
+            for i in range(len(self.layers)):
+                self.k[i][slot, :, :n] = self.k[i][last, :, :n]
+                self.v[i][slot, :, :n] = self.v[i][last, :, :n]
+            self._owner[slot], self._owner[last] = mover, None
+            mover.slot = slot
+
+    def invalidate(self, seqs: Sequence[RunnerSeq]) -> None:
+        """Weights changed: every sequence recomputes its keys/values from position 0."""
+        for s in seqs:
+            s.cache_len = 0
+
+    # --------------------------------------------------------------- forward
+
+    @torch.inference_mode()
+    def forward(self, seqs: Sequence[RunnerSeq]) -> torch.Tensor:
+        if not seqs:
+            raise ValueError("forward() needs at least one sequence")
+        for s in seqs:
+            if s.slot is None:
+                self._alloc(s)
+            if s.cache_len >= len(s.tokens):
+                raise ValueError("sequence has no pending tokens")
+        self._grow(max(len(s.tokens) for s in seqs))
+        if all(len(s.tokens) - s.cache_len == 1 for s in seqs):
+            logits = self._decode(seqs)
+        else:
+            logits = self._extend(seqs)
+        for s in seqs:
+            s.cache_len = len(s.tokens)
+        return logits
+
+    def _norm(self, module: Any, x: torch.Tensor) -> torch.Tensor:
+        """RMSNorm; the fused kernel in float32 (same formula as HF's), the module otherwise."""
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), module.weight, module.variance_epsilon)
+        return module(x)
+
+    def _attn_qkv(
+        self, i: int, layer: Any, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v of `h` [B, L, H] as [B, heads, L, head_dim], RoPE applied."""
+        attn = layer.self_attn
+        b, length, _ = h.shape
+        w, bias = self._qkv[i]
+        qkv = F.linear(h, w, bias)
+        q, k, v = qkv.split([self._q_size, self._kv_size, self._kv_size], dim=-1)
+        q = q.view(b, length, -1, self.head_dim)
+        k = k.view(b, length, -1, self.head_dim)
+        v = v.view(b, length, -1, self.head_dim)
+        if getattr(attn, "q_norm", None) is not None:  # Qwen3
+            q = attn.q_norm(q)
+            k = attn.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        return q, k, v
+
+    def _finish_layer(
+        self, i: int, layer: Any, x: torch.Tensor, attn_out: torch.Tensor
+    ) -> torch.Tensor:
+        b, _, length, _ = attn_out.shape
+        o = attn_out.transpose(1, 2).reshape(b, length, self.num_heads * self.head_dim)
+        o_proj = layer.self_attn.o_proj
+        x = x + F.linear(o, o_proj.weight, o_proj.bias)
+        mlp = layer.mlp
+        gate, up = F.linear(self._norm(layer.post_attention_layernorm, x), self._gate_up[i]).chunk(
+            2, dim=-1
+        )
+        return x + F.linear(mlp.act_fn(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
+
+    def _attend_one(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor
+    ) -> torch.Tensor:
+        """Attention of one query per row: plain matmuls beat the SDPA kernels at this size."""
+        if self.num_kv_heads != self.num_heads:
+            rep = self.num_heads // self.num_kv_heads
+            keys = keys.repeat_interleave(rep, dim=1)
+            values = values.repeat_interleave(rep, dim=1)
+        scores = torch.matmul(q, keys.transpose(-1, -2)).mul_(self.scaling).add_(bias)
+        return torch.matmul(torch.softmax(scores, dim=-1), values)
+
+    def _sdpa(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        return F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            scale=self.scaling,
+            enable_gqa=self.num_kv_heads != self.num_heads,
+        )
+
+    def _decode(self, seqs: Sequence[RunnerSeq]) -> torch.Tensor:
+        b = len(seqs)
+        order = sorted(range(b), key=lambda i: seqs[i].slot)
+        ordered = [seqs[i] for i in order]
+        contiguous = all(s.slot == i for i, s in enumerate(ordered))
+        dev = self.device
+        pos_list = [s.cache_len for s in ordered]
+        pos = torch.tensor(pos_list, device=dev)
+        ids = torch.tensor([[s.tokens[-1]] for s in ordered], device=dev)
+        length = max(pos_list) + 1
+        bias = torch.zeros(b, 1, 1, length, dtype=self.dtype, device=dev)
+        if min(pos_list) + 1 < length:
+            bias.masked_fill_(
+                (torch.arange(length, device=dev).unsqueeze(0) > pos.unsqueeze(1)).view(
+                    b, 1, 1, length
+                ),
+                float("-inf"),
+            )
+        cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)
+        rows = torch.arange(b, device=dev)
+        slots = rows if contiguous else torch.tensor([s.slot for s in ordered], device=dev)
+        x = self.embed(ids)
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._attn_qkv(i, layer, self._norm(layer.input_layernorm, x), cos, sin)
+            if contiguous:
+                kc, vc = self.k[i][:b], self.v[i][:b]
+                kc[rows, :, pos] = k[:, :, 0]
+                vc[rows, :, pos] = v[:, :, 0]
+                keys, values = kc[:, :, :length], vc[:, :, :length]
+            else:
+                self.k[i][slots, :, pos] = k[:, :, 0]
+                self.v[i][slots, :, pos] = v[:, :, 0]
+                keys, values = self.k[i][slots, :, :length], self.v[i][slots, :, :length]
+            x = self._finish_layer(i, layer, x, self._attend_one(q, keys, values, bias))
+        logits = self.lm_head(self._norm(self.norm, x[:, -1]))
+        if order == list(range(b)):
+            return logits
+        out = torch.empty_like(logits)
+        out[torch.tensor(order, device=dev)] = logits
+        return out
+
+    def _extend(self, seqs: Sequence[RunnerSeq]) -> torch.Tensor:
+        dev = self.device
+        r = len(seqs)
+        starts = [s.cache_len for s in seqs]
+        news = [s.tokens[s.cache_len :] for s in seqs]
+        lens = [len(n) for n in news]
+        lmax = max(lens)
+        ids = torch.zeros(r, lmax, dtype=torch.long, device=dev)
+        positions = torch.empty(r, lmax, dtype=torch.long, device=dev)
+        for i, (st, n) in enumerate(zip(starts, news, strict=True)):
+            ids[i, : len(n)] = torch.tensor(n, device=dev)
+            positions[i] = torch.clamp(torch.arange(st, st + lmax), max=st + len(n) - 1)
+        total = max(st + n for st, n in zip(starts, lens, strict=True))
+        mask = (
+            torch.arange(total, device=dev).view(1, 1, total) <= positions.unsqueeze(-1)
+        ).unsqueeze(1)
+        cos, sin = self.cos[positions], self.sin[positions]
+        slots = torch.tensor([s.slot for s in seqs], device=dev)
+        x = self.embed(ids)
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._attn_qkv(i, layer, self._norm(layer.input_layernorm, x), cos, sin)
+            for j, s in enumerate(seqs):
+                st, n = starts[j], lens[j]
+                self.k[i][s.slot, :, st : st + n] = k[j, :, :n]
+                self.v[i][s.slot, :, st : st + n] = v[j, :, :n]
+            keys, values = self.k[i][slots, :, :total], self.v[i][slots, :, :total]
+            x = self._finish_layer(i, layer, x, self._sdpa(q, keys, values, mask))
+        last = x[torch.arange(r, device=dev), torch.tensor(lens, device=dev) - 1]
+        return self.lm_head(self._norm(self.norm, last))
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class HFRunner:
+    """Generic runner over the HF forward with a left-padded `DynamicCache`.
+
+    The running batch shares one cache whose rows are left-padded to a common length. New
+    (or invalidated) sequences are prefilled together and merged in by left-padding the
+    shorter cache; a finished sequence is dropped by selecting the remaining rows.
+    """
+
+    def __init__(self, model: torch.nn.Module, *, max_slots: int, pad_id: int = 0) -> None:
+        self.model = model
+        self.max_slots = max_slots
+        self.pad_id = pad_id
+        self.max_positions = _max_positions(model)
+        self.device = next(model.parameters()).device
+        self._batch: list[RunnerSeq] = []
+        self._kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._cache: Any = None
+        self._mask: torch.Tensor | None = None
+
+    def invalidate(self, seqs: Sequence[RunnerSeq]) -> None:
+        for s in seqs:
+            s.cache_len = 0
+            s.slot = None
+        self._batch, self._cache, self._mask = [], None, None
+
+    def remove(self, seq: RunnerSeq) -> None:
+        if seq.slot is None:
+            return
+        keep = [i for i, s in enumerate(self._batch) if s is not seq]
+        seq.slot = None
+        if not keep:
+            self._batch, self._cache, self._mask = [], None, None
+            return
+        idx = torch.tensor(keep, device=self.device)
+        kv = [(k[idx], v[idx]) for k, v in _legacy(self._cache)]
+        self._batch = [self._batch[i] for i in keep]
+        self._cache = _from_legacy(kv)
+        assert self._mask is not None
+        self._mask = self._mask[idx]
+
+    @torch.no_grad()
+    def forward(self, seqs: Sequence[RunnerSeq]) -> torch.Tensor:
+        in_batch = {id(s) for s in self._batch}
+        new = [s for s in seqs if id(s) not in in_batch]
+        if new:
+            if len(new) != len(seqs):
+                raise ValueError("HFRunner: new and running sequences in one forward")
+            return self._prefill(new)
+        if len(seqs) != len(self._batch) or any(len(s.tokens) - s.cache_len != 1 for s in seqs):
+            raise ValueError("HFRunner: a decode step must cover the whole running batch")
+        pos = {id(s): i for i, s in enumerate(self._batch)}
+        ids = torch.tensor([[s.tokens[-1]] for s in self._batch], device=self.device)
+        positions = torch.tensor([[s.cache_len] for s in self._batch], device=self.device)
+        assert self._mask is not None
+        mask = torch.cat([self._mask, torch.ones_like(self._mask[:, :1])], dim=1)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=self._cache,
+            use_cache=True,
+        )
+        self._cache, self._mask = out.past_key_values, mask
+        for s in self._batch:
+            s.cache_len = len(s.tokens)
+        logits = out.logits[:, -1]
+        return logits[torch.tensor([pos[id(s)] for s in seqs], device=self.device)]
+
+    def _prefill(self, seqs: Sequence[RunnerSeq]) -> torch.Tensor:
+        from transformers import DynamicCache
+
+        if len(self._batch) + len(seqs) > self.max_slots:
+            raise RuntimeError(f"all {self.max_slots} batch rows are in use")
+        lens = [len(s.tokens) for s in seqs]
+        lmax = max(lens)
+        ids = torch.full((len(seqs), lmax), self.pad_id, dtype=torch.long, device=self.device)
+        mask = torch.zeros(len(seqs), lmax, dtype=torch.long, device=self.device)
+        for i, s in enumerate(seqs):
+            ids[i, lmax - lens[i] :] = torch.tensor(s.tokens, device=self.device)
+            mask[i, lmax - lens[i] :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=DynamicCache(),
+            use_cache=True,
+        )
+        for s in seqs:
+            s.cache_len = len(s.tokens)
+            s.slot = True
+        if not self._batch:
+            self._batch, self._cache, self._mask = list(seqs), out.past_key_values, mask
+        else:
+            assert self._mask is not None
+            old_kv, new_kv = _legacy(self._cache), _legacy(out.past_key_values)
+            t_old, t_new = self._mask.shape[1], mask.shape[1]
+            t = max(t_old, t_new)
+            merged = []
+            for (ko, vo), (kn, vn) in zip(old_kv, new_kv, strict=True):
+                merged.append(
+                    (
+                        torch.cat([_left_pad(ko, t), _left_pad(kn, t)]),
+                        torch.cat([_left_pad(vo, t), _left_pad(vn, t)]),
+                    )
+                )
+            self._mask = torch.cat([_left_pad(self._mask, t, dim=1), _left_pad(mask, t, dim=1)])
+            self._cache = _from_legacy(merged)
+            self._batch = [*self._batch, *seqs]
+        return out.logits[:, -1]
+
+
+def _left_pad(x: torch.Tensor, length: int, dim: int = 2) -> torch.Tensor:
+    missing = length - x.shape[dim]
+    if missing == 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = missing
+    return torch.cat([torch.zeros(shape, dtype=x.dtype, device=x.device), x], dim=dim)
+
+
+def _legacy(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    if hasattr(cache, "layers"):  # transformers >= 4.56
+        return [(layer.keys, layer.values) for layer in cache.layers]
+    if hasattr(cache, "key_cache"):
+        return list(zip(cache.key_cache, cache.value_cache, strict=True))
+    return [(k, v) for k, v in cache]
+
+
+def _from_legacy(kv: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    for i, (k, v) in enumerate(kv):
+        cache.update(k, v, i)
+    return cache

@@ -1,0 +1,137 @@
+"""One FSDP2-sharded model with its optimizer and schedule, and its micro-batch forward.
+
+Used three ways: the actor (trained, log-probabilities), the critic (trained, values) and
+the reference model (frozen, log-probabilities). Forward passes take right-padded
+micro-batches; an empty micro-batch runs a one-token dummy so that every rank still
+joins the FSDP all-gathers (and, in training, the reduce-scatters).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from services.common.config import TrainEngineConfig
+from services.trainer.batch import SeqBatch
+from services.trainer.dist import DistContext
+from services.trainer.logprobs import token_logprobs
+from services.trainer.model import (
+    full_state_dict,
+    load_hf_model,
+    parameter_names,
+    shard_model,
+)
+from services.trainer.optim import build_optimizer, build_scheduler
+
+
+class TrainEngine:
+    """A sharded HF model; trainable when `cfg.optimizer` is set and `total_steps` given."""
+
+    def __init__(
+        self,
+        cfg: TrainEngineConfig,
+        ctx: DistContext,
+        *,
+        critic: bool = False,
+        total_steps: int | None = None,
+        temperature: float = 1.0,
+    ) -> None:
+        self.cfg = cfg
+        self.ctx = ctx
+        self.critic = critic
+        self.temperature = temperature
+        hf = load_hf_model(cfg, critic=critic)
+        self.hf_config = hf.config
+        self.param_names = parameter_names(hf)
+        self.module: nn.Module = shard_model(hf, ctx, cfg)
+        self.trainable = cfg.optimizer is not None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
+        if self.trainable:
+            assert cfg.optimizer is not None
+            if total_steps is None:
+                raise ValueError("a trained model needs the schedule's total optimizer steps")
+            self.optimizer = build_optimizer(self.module.parameters(), cfg.optimizer)
+            self.scheduler = build_scheduler(self.optimizer, cfg.optimizer, total_steps)
+            self.module.train()
+        else:
+            for p in self.module.parameters():
+                p.requires_grad_(False)
+            self.module.eval()
+
+    # -- forward ---------------------------------------------------------------------------
+    def _inputs(self, mb: SeqBatch | None) -> tuple[torch.Tensor, torch.Tensor]:
+        dev = self.ctx.device
+        if mb is None or mb.size == 0:
+            return (
+                torch.zeros((1, 1), dtype=torch.long, device=dev),
+                torch.ones((1, 1), dtype=torch.long, device=dev),
+            )
+        return mb.input_ids.to(dev), mb.attention_mask.to(dev).long()
+
+    def logits(self, mb: SeqBatch | None) -> torch.Tensor:
+        ids, attn = self._inputs(mb)
+        return self.module(input_ids=ids, attention_mask=attn, use_cache=False).logits
+
+    def logprobs(
+        self, mb: SeqBatch | None, *, with_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Per-token log π (and entropy) under the rollout temperature, `[b, t]`."""
+        logits = self.logits(mb)
+        ids, _ = self._inputs(mb)
+        return token_logprobs(logits, ids, self.temperature, with_entropy=with_entropy)
+
+    def values(self, mb: SeqBatch | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Critic: (values `[b, t]` with values[t] = V(state in which token t is chosen),
+        i.e. the head's output at position t-1, 0 at t=0; bootstrap `[b]` = the output at
+        the last real token, V of the state after the sequence)."""
+        raw = self.logits(mb).squeeze(-1).float()
+        values = torch.zeros_like(raw)
+        values[:, 1:] = raw[:, :-1]
+        if mb is None or mb.size == 0:
+            return values, raw[:, -1]
+        last = (mb.seq_lens.to(raw.device) - 1).clamp(min=0)
+        bootstrap = raw.gather(1, last.unsqueeze(1)).squeeze(1)
+        return values, bootstrap
+
+    # -- optimisation ------------------------------------------------------------------------
+    def zero_grad(self) -> None:
+        assert self.optimizer is not None
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def clip_and_step(self) -> tuple[float, bool]:
+        """Clip gradients to `gradient_clipping` (0: measure only) and step the optimizer
+        unless the global grad norm is not finite. The schedule advances either way, so
+        the learning rate stays a function of the step index. Returns (norm, stepped)."""
+        assert self.optimizer is not None and self.scheduler is not None
+        clip = self.cfg.optimizer.gradient_clipping if self.cfg.optimizer else 0.0
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        max_norm = clip if clip and clip > 0 else math.inf
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm=max_norm, foreach=False)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        value = float(norm.item())
+        stepped = math.isfinite(value)
+        if stepped:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return value, stepped
+
+    def skip_step(self) -> None:
+        """Advance the schedule without an update (a minibatch with nothing to learn)."""
+        assert self.optimizer is not None and self.scheduler is not None
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+
+    @property
+    def lr(self) -> float:
+        assert self.optimizer is not None
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    # -- weights -----------------------------------------------------------------------------
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Unsharded parameters (rank 0; {} elsewhere). Collective."""
+        return full_state_dict(self.module, self.param_names)

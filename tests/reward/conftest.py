@@ -1,0 +1,114 @@
+"""A real reward service on loopback, running its own event loop in a thread.
+
+The service lives in a thread so that tests can talk to it with blocking stubs, with the
+async client on their own loop, or several clients at once, exactly as separate processes
+would; its pool's worker processes are real (`python -m services.reward.worker`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine, Iterator
+from typing import Any, TypeVar
+
+import grpc
+import pytest
+
+from flywheel_proto.v1 import reward_pb2_grpc
+from services.common.config import RewardConfig
+from services.common.grpc_client import make_sync_channel
+from services.reward.service import RewardParts, RewardService
+
+T = TypeVar("T")
+
+FAULTY = "tests.reward.faulty"
+
+
+class RunningReward:
+    """`RewardService` started on a private loop thread; `stop()` drains and joins."""
+
+    def __init__(self, config: RewardConfig, *, metrics: bool = False, auth_token: str | None = None) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="reward-loop")
+        self._thread.start()
+
+        async def build() -> RewardService:
+            svc = RewardService(
+                RewardParts(reward=config, metrics_port=0 if metrics else None, auth_token=auth_token)
+            )
+            await svc.start()
+            return svc
+
+        self.service: RewardService = self.run(build(), timeout=180)
+        self.address = self.service.address
+        self.channel = make_sync_channel(self.address, auth_token=auth_token)
+        self.stub = reward_pb2_grpc.RewardServiceStub(self.channel)
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 120) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def worker_pids(self) -> list[int]:
+        async def pids() -> list[int]:
+            return self.service.pool.worker_pids()
+
+        return self.run(pids())
+
+    def wait_workers(self, n: int, timeout: float = 120) -> list[int]:
+        """Block until `n` workers are ready (after a kill, the replacement is starting)."""
+
+        async def wait() -> list[int]:
+            while self.service.pool.ready_workers < n:
+                await asyncio.sleep(0.02)
+            return self.service.pool.worker_pids()
+
+        return self.run(wait(), timeout)
+
+    def stop(self) -> None:
+        self.channel.close()
+        self.run(self.service.stop(grace=2.0))
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+
+
+def service_config(**overrides: Any) -> RewardConfig:
+    """The test service: gsm8k by default, the misbehaving functions registered by name."""
+    base: dict[str, Any] = {
+        "fn": "gsm8k",
+        "num_workers": 2,
+        "deadline_ms": 5000,
+        "worker_memory_mb": 1024,
+        "max_batch": 64,
+        "max_queue": 512,
+        "cache": False,
+        "functions": {
+            name: f"{FAULTY}:{name}"
+            for name in (
+                "raises",
+                "loops_forever",
+                "sleeps",
+                "allocates_forever",
+                "exits_process",
+                "returns_nan",
+                "returns_text",
+                "prints_and_scores",
+                "echo_kwargs",
+            )
+        },
+    }
+    base.update(overrides)
+    return RewardConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def reward_service() -> Iterator[RunningReward]:
+    """One real service per test module (worker start-up is the slow part)."""
+    svc = RunningReward(service_config())
+    try:
+        yield svc
+    finally:
+        svc.stop()
+
+
+def rpc_code(exc: grpc.RpcError) -> grpc.StatusCode:
+    return exc.code()  # type: ignore[no-any-return]

@@ -1,0 +1,129 @@
+"""Worker pool internals (`services/reward/pool.py`) with real worker processes: the rest
+of a chunk survives a timeout, the per-call CPU limit, the atomic queue bound, close().
+(The faults as a user meets them, through gRPC, are in test_servicer.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from services.reward.metrics import RewardMetrics
+from services.reward.pool import (
+    PoolClosedError,
+    PoolConfig,
+    PoolFullError,
+    ScoreTask,
+    WorkerPool,
+)
+
+pytestmark = pytest.mark.integration
+
+ARITH = "services.reward.builtins:arithmetic_reward"
+FAULTY = "tests.reward.faulty"
+
+
+def task(fn: str = ARITH, completion: str = "#### 4", answer: str = "4", deadline_s: float = 30.0, **kwargs: object) -> ScoreTask:
+    payload = {
+        "prompt": "2+2=",
+        "completion": completion,
+        "prompt_ids": [1],
+        "completion_ids": [2, 3],
+        "answer": answer,
+        "kwargs": kwargs,
+    }
+    return ScoreTask(fn.rsplit(":", 1)[-1], fn, payload, deadline_s)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def started(**overrides: object) -> tuple[WorkerPool, RewardMetrics]:
+    metrics = RewardMetrics()
+    config = {"num_workers": 1, "memory_bytes": 1 << 30, "cpu_seconds": 0.0, "preload": (ARITH,)}
+    config.update(overrides)
+    pool = WorkerPool(PoolConfig(**config), metrics)  # type: ignore[arg-type]
+    await pool.start()
+    return pool, metrics
+
+
+async def test_timeout_mid_chunk_requeues_the_rest_on_a_fresh_worker() -> None:
+    pool, metrics = await started(max_chunk=8)
+    try:
+        [first_pid] = pool.worker_pids()
+        tasks = [
+            task(completion="#### 4"),
+            task(f"{FAULTY}:sleeps", deadline_s=1.0),
+            task(completion="#### 5"),
+            task(completion="4"),
+        ]
+        results = await pool.score(tasks)  # one worker: all four go in one chunk
+        assert [r.status for r in results] == ["OK", "TIMEOUT", "OK", "OK"]
+        assert [r.reward for r in results] == [1.0, 0.0, 0.0, 1.0]
+        assert "killed and replaced" in results[1].message
+        assert not alive(first_pid)
+        assert pool.worker_pids() != [first_pid]
+        assert metrics.worker_restarts.labels(reason="timeout")._value.get() == 1
+    finally:
+        await pool.close()
+
+
+async def test_cpu_limit_stops_a_function_that_swallows_exceptions() -> None:
+    # `swallows_everything` catches Exception around its busy loop; the CPU limit raises a
+    # BaseException, so it still ends as ERROR long before the 60 s wall deadline.
+    pool, metrics = await started(cpu_seconds=1.0)
+    try:
+        [res] = await pool.score([task(f"{FAULTY}:swallows_everything", deadline_s=60.0)])
+        assert res.status == "ERROR"
+        assert res.message.startswith("CpuLimitExceeded")
+        assert metrics.worker_restarts.labels(reason="cpu")._value.get() == 1
+        [after] = await pool.score([task()])
+        assert after.status == "OK" and after.reward == 1.0
+    finally:
+        await pool.close()
+
+
+async def test_queue_bound_takes_all_or_nothing() -> None:
+    pool, _ = await started(max_queue=4)
+    try:
+        blocker = task(f"{FAULTY}:sleeps", deadline_s=30.0, seconds=0.5)
+        pool.submit([blocker])
+        await asyncio.sleep(0.2)  # the worker takes it; the queue is empty again
+        with pytest.raises(PoolFullError, match="5 items asked, 4 free"):
+            pool.submit([task() for _ in range(5)])
+        assert pool.queued == 0  # nothing of the refused request was queued
+        four = [task() for _ in range(4)]
+        pool.submit(four)
+        results = await asyncio.gather(*(t.future for t in four))
+        assert [r.reward for r in results] == [1.0] * 4
+        assert (await blocker.future).status == "OK"
+    finally:
+        await pool.close()
+
+
+async def test_close_fails_what_is_pending() -> None:
+    pool, _ = await started()
+    pending = [task(f"{FAULTY}:sleeps", deadline_s=30.0), task()]
+    pool.submit(pending)
+    await asyncio.sleep(0.1)
+    await pool.close()
+    for t in pending:
+        with pytest.raises(PoolClosedError):
+            await t.future
+    with pytest.raises(PoolClosedError):
+        pool.submit([task()])
+
+
+async def test_print_from_a_function_does_not_break_the_protocol() -> None:
+    pool, _ = await started()
+    try:
+        results = await pool.score([task(f"{FAULTY}:prints_and_scores") for _ in range(3)])
+        assert [r.reward for r in results] == [2.0] * 3  # len(completion_ids) = 2
+    finally:
+        await pool.close()

@@ -1,0 +1,111 @@
+"""The `flywheel` console script as a user runs it (subprocess), plus its dispatch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import yaml
+
+from services import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+FLYWHEEL = ROOT / ".venv" / "bin" / "flywheel"
+
+
+def flywheel(*args: str) -> subprocess.CompletedProcess[str]:
+    exe = [str(FLYWHEEL)] if FLYWHEEL.exists() else [sys.executable, "-m", "services.cli"]
+    return subprocess.run(
+        [*exe, *args], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def test_dry_run_prints_the_resolved_config() -> None:
+    out = flywheel(
+        "run", "--config", "examples/grpo.yaml", "actor.adv_norm.std_level=null", "--dry-run"
+    )
+    assert out.returncode == 0, out.stderr
+    assert (
+        "  adv_norm:\n    mean_level: batch\n    mean_leave1out: false\n    std_level: null\n"
+        in out.stdout
+    )
+    printed = yaml.safe_load(out.stdout)
+    assert printed["actor"]["adv_norm"]["std_level"] is None
+    assert printed["actor"]["group_size"] == 4  # ${gconfig.n_samples} resolved
+
+
+def test_overrides_may_come_before_the_options() -> None:
+    out = flywheel("run", "actor.eps_clip=0.3", "--dry-run", "--config", "examples/grpo.yaml")
+    assert out.returncode == 0, out.stderr
+    assert yaml.safe_load(out.stdout)["actor"]["eps_clip"] == 0.3
+
+
+def test_unknown_key_exits_2_naming_it() -> None:
+    out = flywheel("run", "--config", "examples/grpo.yaml", "actor.eps_clp=0.3", "--dry-run")
+    assert out.returncode == 2
+    assert out.stdout == ""
+    assert "actor.eps_clp" in out.stderr
+    assert "did you mean 'actor.eps_clip'" in out.stderr
+
+
+def test_bad_value_exits_2_naming_field_and_value() -> None:
+    out = flywheel(
+        "run", "--config", "examples/grpo.yaml", "actor.rejection_sampling.upper=0.5", "--dry-run"
+    )
+    assert out.returncode == 2
+    assert "actor.rejection_sampling.upper = 0.5" in out.stderr
+    assert "> 1" in out.stderr
+
+
+def test_missing_config_file_exits_2() -> None:
+    out = flywheel("run", "--config", "examples/does-not-exist.yaml", "--dry-run")
+    assert out.returncode == 2
+    assert "does-not-exist.yaml" in out.stderr
+
+
+def test_unknown_option_is_a_usage_error() -> None:
+    out = flywheel("run", "--config", "examples/grpo.yaml", "--dryrun")
+    assert out.returncode == 2
+    assert "--dryrun" in out.stderr
+
+
+def _fake_launcher(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
+    """Stand-in for services.launcher.main that records calls (dispatch logic only)."""
+    calls: list[tuple] = []
+    fake = types.ModuleType("services.launcher.main")
+    fake.run = lambda cfg, path, overrides: calls.append(("run", cfg, path, overrides)) or 0
+    fake.eval_main = lambda argv: calls.append(("eval", argv)) or 3
+    fake.status_main = lambda argv: calls.append(("status", argv)) or 0
+    monkeypatch.setitem(sys.modules, "services.launcher.main", fake)
+    return calls
+
+
+def test_run_dispatches_the_validated_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _fake_launcher(monkeypatch)
+    code = cli.main(["run", "--config", "examples/grpo.yaml", "seed=5"])
+    assert code == 0
+    ((name, cfg, path, overrides),) = calls
+    assert name == "run" and path == "examples/grpo.yaml" and overrides == ["seed=5"]
+    assert cfg.seed == 5
+
+
+def test_eval_and_status_get_their_own_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _fake_launcher(monkeypatch)
+    assert cli.main(["eval", "--config", "x.yaml", "--checkpoint", "/ck"]) == 3
+    assert cli.main(["status", "/tmp/run"]) == 0
+    assert calls == [
+        ("eval", ["--config", "x.yaml", "--checkpoint", "/ck"]),
+        ("status", ["/tmp/run"]),
+    ]
+
+
+def test_invalid_config_never_reaches_the_launcher(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    calls = _fake_launcher(monkeypatch)
+    assert cli.main(["run", "--config", "examples/grpo.yaml", "actor.c_clip=0.5"]) == 2
+    assert calls == []
+    assert "actor.c_clip = 0.5" in capsys.readouterr().err

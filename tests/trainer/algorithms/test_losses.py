@@ -1,0 +1,374 @@
+"""Actor surrogates (clip, dual clip, clip-higher, GSPO, decoupled, SAPO, CISPO) and the
+critic loss: worked values, invariants, autograd gradients, masking and layouts."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from services.trainer.algorithms.layout import padded_to_packed
+from services.trainer.algorithms.losses import critic_loss, ppo_actor_loss
+from services.trainer.algorithms.offpolicy import RejectionSpec
+from services.trainer.algorithms.registry import RegistryError
+from services.trainer.algorithms.stats import check_stat_names
+
+from . import _reference as ref
+
+
+def _one_row(ratios: list[float], advs: list[float]) -> tuple[torch.Tensor, ...]:
+    prox = torch.full((1, len(ratios)), -1.0)
+    logp = (prox + torch.log(torch.tensor([ratios]))).requires_grad_(True)
+    adv = torch.tensor([advs])
+    mask = torch.ones(1, len(ratios), dtype=torch.bool)
+    return logp, prox, adv, mask
+
+
+def test_clip_surrogate_hand_computed() -> None:
+    # ratio, A: (1.5, +1) clip binds -> -1.2 ; (1.5, -1) -> +1.5 ; (0.5, +1) -> -0.5 ;
+    # (0.5, -1) clip binds -> +0.8. token-mean = (-1.2 + 1.5 - 0.5 + 0.8)/4 = 0.15
+    logp, prox, adv, mask = _one_row([1.5, 1.5, 0.5, 0.5], [1.0, -1.0, 1.0, -1.0])
+    loss, stats = ppo_actor_loss(logp, prox, adv, mask, eps_clip=0.2)
+    assert_close(loss, torch.tensor(0.15), rtol=0, atol=1e-6)
+    assert_close(stats["clip_ratio"], torch.tensor(0.5), rtol=0, atol=0)
+    assert_close(stats["importance_weight"], torch.tensor(1.0), rtol=0, atol=1e-6)
+    # d loss / d logp_t = -A ρ / 4 where unclipped, 0 where clipped:
+    # t1: -(-1)(1.5)/4 = 0.375 ; t2: -(1)(0.5)/4 = -0.125
+    loss.backward()
+    assert_close(logp.grad, torch.tensor([[0.0, 0.375, -0.125, 0.0]]), rtol=0, atol=1e-6)
+    check_stat_names(stats)
+
+
+def test_clip_higher_and_dual_clip_hand_computed() -> None:
+    # clip-higher ε_high=0.28: ratio 1.25, A=+1 stays unclipped -> -1.25 (symmetric 0.2: -1.2)
+    logp, prox, adv, mask = _one_row([1.25], [1.0])
+    sym, _ = ppo_actor_loss(logp, prox, adv, mask, eps_clip=0.2)
+    high, _ = ppo_actor_loss(logp, prox, adv, mask, eps_clip=0.2, eps_clip_higher=0.28)
+    assert_close(sym, torch.tensor(-1.2), rtol=0, atol=1e-6)
+    assert_close(high, torch.tensor(-1.25), rtol=0, atol=1e-6)
+    # dual clip c=3: ratio 4, A=-1: max(4, 1.2) = 4 -> min(4, 3) = 3, and no gradient.
+    # For A=+1 it never binds: ratio 4 -> max(-4, -1.2) = -1.2.
+    logp, prox, adv, mask = _one_row([4.0, 4.0], [-1.0, 1.0])
+    loss, stats = ppo_actor_loss(logp, prox, adv, mask, eps_clip=0.2, c_clip=3.0)
+    assert_close(loss, torch.tensor((3.0 - 1.2) / 2), rtol=0, atol=1e-6)
+    assert_close(stats["dual_clip_ratio"], torch.tensor(0.5), rtol=0, atol=0)
+    loss.backward()
+    assert_close(logp.grad, torch.zeros(1, 2), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="c_clip must be > 1"):
+        ppo_actor_loss(logp, prox, adv, mask, c_clip=0.9)
+
+
+def test_ratio_one_gives_minus_token_mean_advantage(gen: torch.Generator) -> None:
+    logp = torch.randn(5, 7, generator=gen)
+    adv = torch.randn(5, 7, generator=gen)
+    mask = torch.rand(5, 7, generator=gen) < 0.6
+    for surrogate in ("clip", "sapo", "cispo"):
+        lp = logp.clone().requires_grad_(True)
+        loss, stats = ppo_actor_loss(
+            lp, logp, adv, mask, surrogate=surrogate, eps_clip_higher=0.28
+        )
+        expected = -(adv * mask).sum() / mask.sum()
+        if surrogate == "sapo":
+            # SAPO at ρ=1 is (4/τ)σ(0) = 2/τ times the advantage: τ_pos=1 -> 2, τ_neg=1.05
+            scale = torch.where(adv > 0, 2.0, 2.0 / 1.05)
+            expected = -(adv * scale * mask).sum() / mask.sum()
+        if surrogate == "cispo":
+            # CISPO's value is -w A log π_θ with w = 1
+            expected = -(adv * logp * mask).sum() / mask.sum()
+        assert_close(loss, expected, rtol=1e-6, atol=1e-6)
+        assert stats["clip_ratio"] == 0
+
+
+@pytest.mark.parametrize("tau_pos,tau_neg", [(1.0, 1.05), (3.0, 0.5)])
+def test_sapo_gradient_at_ratio_one_equals_policy_gradient(
+    tau_pos: float, tau_neg: float, gen: torch.Generator
+) -> None:
+    logp0 = torch.randn(3, 6, generator=gen)
+    adv = torch.randn(3, 6, generator=gen)
+    mask = torch.rand(3, 6, generator=gen) < 0.8
+    sapo_lp = logp0.clone().requires_grad_(True)
+    loss, _ = ppo_actor_loss(
+        sapo_lp, logp0, adv, mask, surrogate="sapo", sapo_tau_pos=tau_pos, sapo_tau_neg=tau_neg
+    )
+    loss.backward()
+    pg_lp = logp0.clone().requires_grad_(True)
+    # plain policy gradient: -A ρ, token-mean
+    pg = -(adv * torch.exp(pg_lp - logp0) * mask).sum() / mask.sum()
+    pg.backward()
+    assert_close(sapo_lp.grad, pg_lp.grad, rtol=1e-6, atol=1e-7)
+
+
+def _analytic_grad(
+    surrogate: str, ratio: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, **kw: float
+) -> torch.Tensor:
+    """d(token-mean loss)/d logp from the formulas in surrogates.py."""
+    n = mask.sum()
+    if surrogate == "clip":
+        lo, hi = 1 - kw["eps_clip"], 1 + kw["eps_clip_higher"]
+        clipped = torch.where(adv >= 0, ratio > hi, ratio < lo)
+        g = torch.where(clipped, 0.0, -adv * ratio)
+    elif surrogate == "sapo":
+        tau = torch.where(adv > 0, kw["sapo_tau_pos"], kw["sapo_tau_neg"])
+        s = torch.sigmoid(tau * (ratio - 1))
+        g = -adv * 4 * s * (1 - s) * ratio
+    else:  # cispo
+        w = ratio.clamp(max(0.0, 1 - kw["eps_clip"]), 1 + kw["eps_clip_higher"])
+        g = -w * adv
+    return torch.where(mask, g, 0.0) / n
+
+
+@pytest.mark.parametrize("surrogate", ["clip", "sapo", "cispo"])
+def test_autograd_gradient_matches_formula(surrogate: str, gen: torch.Generator) -> None:
+    prox = torch.randn(4, 8, generator=gen) - 2
+    logp0 = prox + 0.4 * torch.randn(4, 8, generator=gen)
+    adv = torch.randn(4, 8, generator=gen)
+    mask = torch.rand(4, 8, generator=gen) < 0.7
+    kw = dict(eps_clip=0.2, eps_clip_higher=0.28, sapo_tau_pos=1.0, sapo_tau_neg=1.05)
+    logp = logp0.clone().requires_grad_(True)
+    loss, _ = ppo_actor_loss(logp, prox, adv, mask, surrogate=surrogate, **kw)
+    loss.backward()
+    expected = _analytic_grad(surrogate, torch.exp(logp0 - prox), adv, mask, **kw)
+    assert_close(logp.grad, expected, rtol=1e-5, atol=1e-7)
+
+
+# CISPO is left out on purpose: its weight is stop-gradient, so finite differences of its
+# value disagree with its gradient by design; test_autograd_gradient_matches_formula covers it.
+@pytest.mark.parametrize("surrogate", ["clip", "sapo"])
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_gradcheck_in_double(surrogate: str, level: str, gen: torch.Generator) -> None:
+    prox = (torch.randn(3, 5, generator=gen) - 1).double()
+    # keep ratios away from the clip kinks so finite differences are valid
+    logp0 = prox + 0.02 * torch.randn(3, 5, generator=gen).double()
+    adv = torch.randn(3, 5, generator=gen).double()
+    mask = torch.rand(3, 5, generator=gen) < 0.8
+
+    def f(lp: torch.Tensor) -> torch.Tensor:
+        return ppo_actor_loss(
+            lp, prox, adv, mask, surrogate=surrogate, importance_sampling_level=level
+        )[0]
+
+    assert torch.autograd.gradcheck(f, (logp0.clone().requires_grad_(True),), eps=1e-6, atol=1e-6)
+
+
+def test_gspo_sequence_ratio_hand_computed() -> None:
+    prox = torch.zeros(1, 3)
+    logp = torch.log(torch.tensor([[1.1, 0.9, 5.0]])).requires_grad_(True)
+    adv = torch.tensor([[1.0, 3.0, 100.0]])
+    mask = torch.tensor([[True, True, False]])
+    loss, stats = ppo_actor_loss(
+        logp, prox, adv, mask, importance_sampling_level="sequence", eps_clip=0.2
+    )
+    # ρ_seq = exp((ln 1.1 + ln 0.9)/2) = sqrt(0.99) = 0.9949874 ; A_seq = (1 + 3)/2 = 2
+    # per token -2 * 0.9949874 ; token-mean over 2 tokens = -1.9899749
+    assert_close(loss, torch.tensor(-2 * math.sqrt(0.99)), rtol=0, atol=1e-6)
+    assert_close(stats["importance_weight"], torch.tensor(math.sqrt(0.99)), rtol=0, atol=1e-6)
+    # d/d logp_t of -(1/2) Σ_t A_seq ρ_seq = -A_seq ρ_seq / |o| = -2*0.9949874/2 for both tokens
+    loss.backward()
+    g = -math.sqrt(0.99)
+    assert_close(logp.grad, torch.tensor([[g, g, 0.0]]), rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="token-level only"):
+        ppo_actor_loss(logp, prox, adv, mask, surrogate="cispo", importance_sampling_level="sequence")
+
+
+def test_decoupled_loss_multiplies_by_behaviour_weight() -> None:
+    # π_prox/π_behave = 2, ratio π_θ/π_prox = 1, A = 1 -> per token -1 * 2
+    behave = torch.tensor([[-2.0 - math.log(2.0), -1.0]])
+    prox = torch.tensor([[-2.0, -1.0]])
+    logp = prox.clone().requires_grad_(True)
+    adv = torch.tensor([[1.0, 1.0]])
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    loss, stats = ppo_actor_loss(
+        logp, prox, adv, mask, behave_logprobs=behave, use_decoupled_loss=True
+    )
+    # tokens: -1*2 and -1*1 -> mean -1.5
+    assert_close(loss, torch.tensor(-1.5), rtol=0, atol=1e-6)
+    assert_close(stats["behave_imp_weight"], torch.tensor(1.5), rtol=0, atol=1e-6)
+    assert_close(stats["behave_approx_kl"], torch.tensor(math.log(2) / 2), rtol=0, atol=1e-6)
+    none, _ = ppo_actor_loss(
+        logp,
+        prox,
+        adv,
+        mask,
+        behave_logprobs=behave,
+        use_decoupled_loss=True,
+        decoupled_correction="none",
+    )
+    assert_close(none, torch.tensor(-1.0), rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="needs behave_logprobs"):
+        ppo_actor_loss(logp, prox, adv, mask, use_decoupled_loss=True)
+    with pytest.raises(ValueError, match="needs use_decoupled_loss=True"):
+        ppo_actor_loss(logp, prox, adv, mask, rejection_sampling=RejectionSpec())
+
+
+def test_unknown_surrogate_lists_valid_ones() -> None:
+    logp, prox, adv, mask = _one_row([1.0], [1.0])
+    with pytest.raises(RegistryError, match="valid: cispo, clip, sapo"):
+        ppo_actor_loss(logp, prox, adv, mask, surrogate="trpo")
+
+
+def test_clip_matches_plain_loop(gen: torch.Generator) -> None:
+    prox = torch.randn(6, 10, generator=gen)
+    logp = prox + 0.5 * torch.randn(6, 10, generator=gen)
+    adv = torch.randn(6, 10, generator=gen)
+    mask = torch.rand(6, 10, generator=gen) < 0.7
+    loss, _ = ppo_actor_loss(logp, prox, adv, mask, eps_clip=0.2, eps_clip_higher=0.3, c_clip=2.5)
+    total, n = 0.0, 0
+    for i in range(6):
+        for t in range(10):
+            if mask[i, t]:
+                r = math.exp(float(logp[i, t] - prox[i, t]))
+                total += ref.clip_token_loss(r, float(adv[i, t]), 0.2, 0.3, 2.5)
+                n += 1
+    assert_close(loss, torch.tensor(total / n), rtol=1e-5, atol=1e-6)
+
+
+def _random_batch(gen: torch.Generator, b: int = 5, t: int = 9) -> dict[str, torch.Tensor]:
+    lengths = torch.randint(1, t + 1, (b,), generator=gen)
+    valid = torch.arange(t).unsqueeze(0) < lengths.unsqueeze(1)
+    mask = valid & (torch.rand(b, t, generator=gen) < 0.8)
+    mask[:, 0] = True  # every sequence has at least one token
+    prox = torch.randn(b, t, generator=gen) - 1.5
+    return {
+        "logprobs": prox + 0.3 * torch.randn(b, t, generator=gen),
+        "proximal_logprobs": prox,
+        "behave_logprobs": prox - 0.4 * torch.rand(b, t, generator=gen),
+        "advantages": torch.randn(b, t, generator=gen),
+        "loss_mask": mask,
+        "valid": valid,
+        "lengths": lengths,
+        "entropy": torch.rand(b, t, generator=gen),
+        "versions": torch.randint(0, 4, (b, t), generator=gen),
+    }
+
+
+OPTION_SETS = [
+    {},
+    {"importance_sampling_level": "sequence"},
+    {"surrogate": "sapo"},
+    {"surrogate": "cispo", "eps_clip": 1.0, "eps_clip_higher": 4.0},
+    {"c_clip": 3.0, "eps_clip_higher": 0.28},
+    {"use_decoupled_loss": True},
+    {"use_decoupled_loss": True, "rejection_sampling": RejectionSpec(lower=0.8, upper=1.3)},
+    {
+        "use_decoupled_loss": True,
+        "rejection_sampling": RejectionSpec(level="sequence", metric="kl_k3", upper=0.05),
+    },
+    {"use_decoupled_loss": True, "rejection_sampling": RejectionSpec(action="clamp", upper=1.2)},
+    {"use_decoupled_loss": True, "rejection_sampling": RejectionSpec(metric="binary_kl", upper=0.05)},
+    {"m2_threshold": 0.05},
+    {"loss_agg_mode": "seq-mean-token-mean"},
+    {"loss_agg_mode": "seq-mean-token-sum-norm", "loss_agg_norm": 16.0},
+]
+
+
+@pytest.mark.parametrize("options", OPTION_SETS, ids=lambda o: ",".join(f"{k}" for k in o) or "default")
+def test_packed_layout_equals_padded(options: dict, gen: torch.Generator) -> None:
+    data = _random_batch(gen)
+    valid, lengths = data.pop("valid"), data.pop("lengths")
+    per_token = {k: v for k, v in data.items()}
+    lp_pad = per_token.pop("logprobs").clone().requires_grad_(True)
+    loss_pad, st_pad = ppo_actor_loss(lp_pad, current_version=4, **per_token, **options)
+    loss_pad.backward()
+    packed = {k: padded_to_packed(v, lengths)[0] for k, v in per_token.items()}
+    cu = padded_to_packed(per_token["loss_mask"], lengths)[1]
+    lp_pack = padded_to_packed(lp_pad.detach(), lengths)[0].requires_grad_(True)
+    loss_pack, st_pack = ppo_actor_loss(
+        lp_pack, cu_seqlens=cu, current_version=4, **packed, **options
+    )
+    loss_pack.backward()
+    assert_close(loss_pack, loss_pad, rtol=1e-6, atol=1e-6)
+    assert_close(lp_pack.grad, lp_pad.grad[valid], rtol=1e-6, atol=1e-6)
+    assert st_pack.keys() == st_pad.keys()
+    for k in st_pad:
+        assert_close(st_pack[k], st_pad[k], rtol=1e-5, atol=1e-6, msg=k)
+    check_stat_names(st_pad)
+
+
+@pytest.mark.parametrize("options", OPTION_SETS, ids=lambda o: ",".join(f"{k}" for k in o) or "default")
+def test_masked_positions_never_leak(options: dict, gen: torch.Generator) -> None:
+    data = _random_batch(gen)
+    data.pop("valid"), data.pop("lengths")
+    mask = data["loss_mask"]
+    clean = {k: v for k, v in data.items()}
+    dirty = {}
+    for k, v in data.items():
+        if k in ("loss_mask", "versions"):
+            dirty[k] = v
+        else:
+            junk = torch.full_like(v, float("nan")) if k != "entropy" else torch.full_like(v, 1e6)
+            dirty[k] = torch.where(mask, v, junk)
+    lp_c = clean.pop("logprobs").clone().requires_grad_(True)
+    lp_d = dirty.pop("logprobs").clone().requires_grad_(True)
+    loss_c, st_c = ppo_actor_loss(lp_c, **clean, **options)
+    loss_d, st_d = ppo_actor_loss(lp_d, **dirty, **options)
+    loss_c.backward()
+    loss_d.backward()
+    assert torch.isfinite(loss_d)
+    assert_close(loss_d, loss_c, rtol=0, atol=0)
+    assert bool(torch.isfinite(lp_d.grad).all())
+    assert_close(lp_d.grad, lp_c.grad, rtol=0, atol=0)
+    assert bool((lp_d.grad[~mask] == 0).all())
+    for k in st_c:
+        assert_close(st_d[k], st_c[k], rtol=0, atol=0, msg=k)
+
+
+def test_non_finite_inputs_on_loss_tokens_raise() -> None:
+    logp, prox, adv, mask = _one_row([1.0, 1.0], [1.0, 1.0])
+    adv[0, 1] = float("nan")
+    with pytest.raises(ValueError, match="advantages has 1 NaN/Inf"):
+        ppo_actor_loss(logp, prox, adv, mask)
+
+
+def test_staleness_and_entropy_stats() -> None:
+    logp, prox, adv, mask = _one_row([1.0, 1.0, 1.0], [1.0, 1.0, 1.0])
+    versions = torch.tensor([[3, 5, 6]])
+    entropy = torch.tensor([[0.5, 1.0, 1.5]])
+    _, stats = ppo_actor_loss(
+        logp, prox, adv, mask, versions=versions, current_version=6, entropy=entropy
+    )
+    # staleness = 6 - v: [3, 1, 0] -> avg 4/3, min 0, max 3 ; entropy mean 1.0
+    assert_close(stats["staleness_avg"], torch.tensor(4 / 3), rtol=0, atol=1e-6)
+    assert stats["staleness_min"] == 0 and stats["staleness_max"] == 3
+    assert_close(stats["entropy"], torch.tensor(1.0), rtol=0, atol=1e-6)
+
+
+def test_critic_loss_value_clipping_hand_computed() -> None:
+    values = torch.tensor([[1.0, 2.0, 0.0]], requires_grad=True)
+    old = torch.tensor([[0.0, 2.0, 0.0]])
+    returns = torch.tensor([[0.0, 3.0, 9.0]])
+    mask = torch.tensor([[True, True, False]])
+    loss, stats = critic_loss(values, old, returns, mask, eps_clip=0.5)
+    # t0: unclipped ½(1-0)² = 0.5; clipped V = 0 + clip(1, ±0.5) = 0.5 -> ½(0.5)² = 0.125;
+    #     max = 0.5 (unclipped wins, clip does not bind)
+    # t1: V = old = 2, both ½(2-3)² = 0.5
+    # mean over 2 tokens = 0.5
+    assert_close(loss, torch.tensor(0.5), rtol=0, atol=1e-6)
+    assert stats["value_clip_ratio"] == 0
+    loss.backward()
+    # d/dV of ½(V-G)²/2: t0 (1-0)/2 = 0.5 ; t1 (2-3)/2 = -0.5
+    assert_close(values.grad, torch.tensor([[0.5, -0.5, 0.0]]), rtol=0, atol=1e-6)
+    # Clip binds when the new value moved away from the target beyond ε:
+    # V=-1, old=0, G=1: unclipped ½*4 = 2; clipped V=-0.5 -> ½*2.25 = 1.125; max = 2 (unclipped)
+    # V=2, old=0, G=-1: unclipped ½*9 = 4.5; clipped V=0.5 -> ½*2.25 = 1.125 -> 4.5
+    # V=0.2, old=1, G=1: unclipped ½*0.64 = 0.32; clipped V=0.5 -> 0.125 -> 0.32
+    # Target between: V=3, old=0, G=2: unclipped 0.5, clipped V=0.5 -> ½*2.25 = 1.125 binds
+    v = torch.tensor([[3.0]], requires_grad=True)
+    loss, stats = critic_loss(v, torch.zeros(1, 1), torch.tensor([[2.0]]), torch.ones(1, 1, dtype=torch.bool))
+    assert_close(loss, torch.tensor(1.125), rtol=0, atol=1e-6)
+    assert stats["value_clip_ratio"] == 1
+    loss.backward()
+    assert v.grad is not None and v.grad.item() == 0.0  # the clipped branch has no gradient
+    check_stat_names(stats)
+
+
+def test_critic_huber_hand_computed() -> None:
+    values = torch.tensor([[0.5, 4.0]], requires_grad=True)
+    ret = torch.zeros(1, 2)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    loss, _ = critic_loss(values, values.detach(), ret, mask, eps_clip=None, value_loss="huber", huber_delta=1.0)
+    # |d|=0.5 < 1: ½*0.25 = 0.125 ; |d|=4: 1*(4 - 0.5) = 3.5 ; mean = 1.8125
+    assert_close(loss, torch.tensor(1.8125), rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="value_loss must be"):
+        critic_loss(values, values, ret, mask, value_loss="l1")
