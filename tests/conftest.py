@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from services.common.redis_server import RedisServer
+from tests.fixtures_models import tiny_model_dir  # noqa: F401  (session-wide tiny HF model)
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -1,5 +1,6 @@
 #!/bin/sh
-# Starts one Flywheel service in a container: `entrypoint.sh <service> [extra args]`.
+# Starts one Flywheel service in a container: `entrypoint.sh <service> [extra args]`;
+# `entrypoint.sh prepare --out FILE [...]` runs the one-shot preparation (prepare.py).
 #
 # Why a script and not a bare `python -m`: the same image serves four services, and each
 # is configured the same way everywhere (compose, Helm, a plain `docker run`):
@@ -17,9 +18,9 @@ set -eu
 service="${1:-${FLYWHEEL_SERVICE:-}}"
 [ "$#" -gt 0 ] && shift
 case "$service" in
-  buffer|reward|rollout|trainer) ;;
+  buffer|reward|rollout|trainer|prepare) ;;
   *)
-    echo "entrypoint: unknown service '${service}'; expected one of: buffer reward rollout trainer" >&2
+    echo "entrypoint: unknown service '${service}'; expected one of: buffer reward rollout trainer prepare" >&2
     exit 64
     ;;
 esac
@@ -31,6 +32,9 @@ fi
 
 # Word splitting of FLYWHEEL_OVERRIDES is intended: one override per word.
 # shellcheck disable=SC2086
+if [ "$service" = "prepare" ]; then
+  exec python "${FLYWHEEL_PREPARE:-/opt/flywheel/prepare.py}" "$@" ${FLYWHEEL_OVERRIDES:-}
+fi
 if [ "$service" = "trainer" ] && [ "${FLYWHEEL_TORCHRUN:-0}" = "1" ]; then
   exec torchrun \
     --nnodes="${FLYWHEEL_NNODES:-1}" \

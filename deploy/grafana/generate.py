@@ -408,11 +408,39 @@ def system() -> db.Dashboard:
                         "update p90",
                     ),
                     (
-                        f"histogram_quantile(0.9, sum by (le) (rate({ro}_weight_pause_seconds_bucket[{RATE}])))",
+                        f"histogram_quantile(0.9, sum by (le) (rate({ro}_weight_update_pause_seconds_bucket[{RATE}])))",
                         "pause p90",
                     ),
                 ],
                 unit="s",
+            )
+        )
+        .with_panel(
+            ts(
+                "Groups produced and rejected",
+                "Groups per second each replica got stored, and groups rejected by reason (stale, filtered, reward_failure, put_failed, error).",
+                [
+                    (
+                        f"sum by (instance) (rate({ro}_groups_produced_total[{RATE}]))",
+                        "produced {{instance}}",
+                    ),
+                    (
+                        f"sum by (reason) (rate({ro}_groups_rejected_total[{RATE}]))",
+                        "rejected {{reason}}",
+                    ),
+                ],
+                unit="ops",
+            )
+        )
+        .with_panel(
+            ts(
+                "Requests in flight",
+                "Generation requests and groups in flight per replica; 1 in `paused` means the trainer holds generation (synchronous mode or a weight update).",
+                [
+                    (f"sum by (instance) ({ro}_requests_in_flight)", "requests {{instance}}"),
+                    (f"sum by (instance) ({ro}_groups_in_flight)", "groups {{instance}}"),
+                    (f"max by (instance) ({ro}_paused)", "paused {{instance}}"),
+                ],
             )
         )
         .with_row(db.Row("Reward"))

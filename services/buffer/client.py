@@ -15,7 +15,7 @@ import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
@@ -86,15 +86,29 @@ class CapacityInfo:
     accepted: int
 
 
-@dataclass(frozen=True)
+@dataclass
 class ClaimResult:
-    groups: list[TrajectoryGroup]
+    """Claimed groups as received; `groups` decodes (and validates) them on first use, so a
+    caller that only forwards or counts them pays no decoding."""
+
+    messages: list[common_pb2.TrajectoryGroup]
     version: int
     dropped_stale: int
+    codec_limits: CodecLimits = field(default_factory=CodecLimits, repr=False)
+    _decoded: list[TrajectoryGroup] | None = field(default=None, repr=False)
+
+    @property
+    def groups(self) -> list[TrajectoryGroup]:
+        if self._decoded is None:
+            self._decoded = [group_from_proto(m, self.codec_limits) for m in self.messages]
+        return self._decoded
 
     @property
     def group_ids(self) -> list[str]:
-        return [g.group_id for g in self.groups]
+        return [m.group_id for m in self.messages]
+
+    def __len__(self) -> int:
+        return len(self.messages)
 
 
 def _trailer(err: grpc.RpcError, key: str) -> str | None:
@@ -249,8 +263,7 @@ class BufferClient:
             allow_partial=allow_partial,
         )
         r = await self._call(self.stub.Claim, req, timeout=self.timeout + wait_ms / 1000.0)
-        groups = [group_from_proto(g, self.codec_limits) for g in r.groups]
-        return ClaimResult(groups, r.version, r.dropped_stale)
+        return ClaimResult(list(r.groups), r.version, r.dropped_stale, self.codec_limits)
 
     async def ack(
         self, group_ids: Sequence[str], *, consumer_id: str = "", request_id: str | None = None

@@ -1,14 +1,10 @@
 """The dynamic filter: which groups are worth training on (`buffer.filter`).
 
-A filter is `should_accept(group: TrajectoryGroup) -> bool`. The DAPO rule is built in:
-a group whose rewards are all equal has zero advantage after group normalisation, so it
-carries no gradient and only dilutes the batch. Other filters come by dotted path
-(`package.module:function` or `package.module.function`), resolved once at start-up so a
-typo fails then, not at the first put.
-
-This module is the buffer's small adapter over the filter registry; names it does not know
-are looked up in the algorithms' registry (`services.trainer.algorithms.filters`) when that
-module is importable, so the buffer never depends on trainer internals to start.
+A filter is `should_accept(group: TrajectoryGroup) -> bool`, resolved once at start-up so
+a typo fails then, not at the first put. Names (`dapo_equal_rewards`, `accept_all`, ...)
+come from the algorithms' filter registry (`services.trainer.algorithms.filters`, torch-free
+and meant to be imported here), so each rule is written in one place; anything with a dot
+or a colon is a dotted path to the user's own `fn(group) -> bool`.
 """
 
 from __future__ import annotations
@@ -25,32 +21,13 @@ class FilterError(ValueError):
     """A `buffer.filter` value that does not name a usable function."""
 
 
-def dapo_equal_rewards(group: TrajectoryGroup) -> bool:
-    """Accept a group unless all its rewards are equal (DAPO dynamic sampling).
+def _from_registry(name: str) -> GroupFilter:
+    from services.trainer.algorithms import filters as registry
 
-    Exact equality: rewards are outcome scores (0/1, or a few discrete levels), so two
-    rewards that differ at all give a non-zero group-normalised advantage.
-    """
-    rewards = group.rewards
-    return any(r != rewards[0] for r in rewards[1:])
-
-
-BUILTIN: dict[str, GroupFilter] = {"dapo_equal_rewards": dapo_equal_rewards}
-
-
-def _from_registry(name: str) -> GroupFilter | None:
     try:
-        registry = importlib.import_module("services.trainer.algorithms.filters")
-    except ImportError:
-        return None
-    for getter in ("get_filter", "resolve_filter"):
-        fn = getattr(registry, getter, None)
-        if callable(fn):
-            try:
-                return fn(name)
-            except (KeyError, ValueError, ImportError, AttributeError):
-                return None
-    return None
+        return registry.get_filter(name)
+    except ValueError as err:  # RegistryError: lists the valid names
+        raise FilterError(f"buffer.filter={name!r}: {err}") from None
 
 
 def _from_dotted_path(spec: str) -> GroupFilter:
@@ -59,8 +36,8 @@ def _from_dotted_path(spec: str) -> GroupFilter:
         module_name, _, attr = spec.rpartition(".")
     if not module_name or not attr:
         raise FilterError(
-            f"buffer.filter={spec!r} is neither a built-in filter {sorted(BUILTIN)} "
-            "nor a dotted path like 'package.module:function'"
+            f"buffer.filter={spec!r} is neither a registered filter name nor a dotted path "
+            "like 'package.module:function'"
         )
     try:
         module = importlib.import_module(module_name)
@@ -76,14 +53,6 @@ def resolve_filter(spec: str | None) -> GroupFilter | None:
     """Turn the configured name or path into a function; None/empty means no filter."""
     if not spec:
         return None
-    if spec in BUILTIN:
-        return BUILTIN[spec]
-    if "." not in spec and ":" not in spec:
-        found = _from_registry(spec)
-        if found is None:
-            raise FilterError(
-                f"buffer.filter={spec!r} is unknown; built-in filters: {sorted(BUILTIN)}, "
-                "or give a dotted path like 'package.module:function'"
-            )
-        return found
-    return _from_dotted_path(spec)
+    if "." in spec or ":" in spec:
+        return _from_dotted_path(spec)
+    return _from_registry(spec)

@@ -16,11 +16,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from flywheel_proto.v1 import buffer_pb2_grpc
 from services.buffer.filters import resolve_filter
 from services.buffer.metrics import BufferMetrics
 from services.buffer.replay import load_replay
-from services.buffer.servicer import BufferServicer, ServicerSettings
+from services.buffer.servicer import BufferServicer, ServicerSettings, register
 from services.buffer.store import RedisStore, StoreSettings, connect
 from services.common.codec import CodecLimits
 from services.common.config import BufferConfig, FlywheelConfig, RolloutConfig
@@ -190,7 +189,7 @@ class BufferService:
             group_filter=self.group_filter,
             on_redis_error=self._on_redis_error,
         )
-        buffer_pb2_grpc.add_BufferServiceServicer_to_server(self.servicer, self.server.server)
+        register(self.servicer, self.server.server)
         if self.replay_path:
             await self._wait_for_redis()
             n = await load_replay(self.store, self.replay_path)

@@ -21,12 +21,14 @@ from typing import Any, TypeVar
 
 import grpc
 import redis.exceptions as redis_errors
+from google.protobuf import message_factory
 
 from flywheel_proto.v1 import buffer_pb2, buffer_pb2_grpc, common_pb2
 from services.buffer.export import export_jsonl
 from services.buffer.filters import GroupFilter
 from services.buffer.metrics import BufferMetrics
 from services.buffer.store import ClaimedGroup, RedisStore, StatsSnapshot
+from services.buffer.validate import fast_versions
 from services.common.codec import CodecError, CodecLimits, group_from_proto
 
 log = logging.getLogger(__name__)
@@ -184,23 +186,27 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
                 f"{self.settings.max_group_bytes}; it was dropped as invalid and a retry "
                 "cannot succeed",
             )
+        filtering = self.group_filter is not None and self.settings.filter_at == "put"
+        group = None
         try:
-            group = group_from_proto(msg, self.settings.codec_limits)
-            if group.oldest_version < 0:
+            versions = None if filtering else fast_versions(msg, self.settings.codec_limits)
+            if versions is None:  # the codec decides, and names what is wrong
+                group = group_from_proto(msg, self.settings.codec_limits)
+                versions = (group.oldest_version, group.newest_version)
+            oldest, newest = versions
+            if oldest < 0:
                 raise CodecError(
                     f"group {msg.group_id!r} has no generated tokens (loss_mask is 0 everywhere)"
                 )
         except CodecError as err:
             await self._count_invalid(request)
             raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, f"group: {err.reason}") from None
-        filtered = False
-        if self.group_filter is not None and self.settings.filter_at == "put":
-            filtered = not self._accepts(group)
+        filtered = filtering and group is not None and not self._accepts(group)
         outcome = await self.store.put(
-            group_id=group.group_id,
-            oldest_version=group.oldest_version,
-            newest_version=group.newest_version,
-            n_trajectories=len(group.trajectories),
+            group_id=msg.group_id,
+            oldest_version=oldest,
+            newest_version=newest,
+            n_trajectories=len(msg.trajectories),
             payload=msg.SerializeToString(),
             reservation_id=msg.reservation_id,
             filtered=filtered,
@@ -218,10 +224,10 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
             await self._notify_arrival()
         reason = {
             "admitted": "",
-            "duplicate": f"group {group.group_id!r} already put (state {outcome.previous_state}"
+            "duplicate": f"group {msg.group_id!r} already put (state {outcome.previous_state}"
             + (f", {outcome.previous_reason}" if outcome.previous_reason else "")
             + "): nothing stored again",
-            "stale": f"oldest token version {group.oldest_version} < version {outcome.version} - "
+            "stale": f"oldest token version {oldest} < version {outcome.version} - "
             f"max_head_offpolicyness {self.settings.max_head_offpolicyness}",
             "filtered": f"rejected by buffer.filter {self.settings.filter_name!r}",
         }[outcome.result]
@@ -329,11 +335,11 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
                     served = []
                 break
             await self._wait_arrival(max(0.0, min(poll, deadline - time.monotonic())))
-        resp = buffer_pb2.ClaimResponse(version=version, dropped_stale=dropped_stale)
         for g in served:
-            resp.groups.add().MergeFromString(g.payload)
             self.metrics.served_staleness.observe(max(0, version - g.oldest_version))
-        return resp
+        # The stored payloads are serialized TrajectoryGroups already: the reply is written
+        # around them instead of parsing and re-serializing megabytes (see `register`).
+        return encode_claim_response(version, dropped_stale, [g.payload for g in served])
 
     async def _filter_claimed(self, groups: list[ClaimedGroup]) -> list[ClaimedGroup]:
         """Apply the filter to claimed groups; rejected ones are dropped as `filtered`."""
@@ -467,4 +473,51 @@ def stats_to_proto(s: StatsSnapshot) -> buffer_pb2.BufferStats:
         claimed_total=s.claimed,
         reservations_expired_total=s.reservations_expired,
         retained_groups=s.retained,
+    )
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def encode_claim_response(version: int, dropped_stale: int, payloads: list[bytes]) -> bytes:
+    """Wire bytes of `ClaimResponse(groups=payloads, version, dropped_stale)`: field 1
+    (groups, length-delimited), field 2 (version, varint), field 3 (dropped_stale, varint).
+    Both numbers are never negative here."""
+    parts: list[bytes] = []
+    for p in payloads:
+        parts += (b"\x0a", _varint(len(p)), p)
+    if version:
+        parts += (b"\x10", _varint(version))
+    if dropped_stale:
+        parts += (b"\x18", _varint(dropped_stale))
+    return b"".join(parts)
+
+
+def _serialize(response: Any) -> bytes:
+    return response if isinstance(response, bytes) else response.SerializeToString()
+
+
+def register(servicer: BufferServicer, server: grpc.aio.Server) -> None:
+    """Like the generated `add_BufferServiceServicer_to_server`, built from the service
+    descriptor, except that a handler may return ready wire bytes (Claim does)."""
+    service = buffer_pb2.DESCRIPTOR.services_by_name["BufferService"]
+    handlers = {
+        m.name: grpc.unary_unary_rpc_method_handler(
+            getattr(servicer, m.name),
+            request_deserializer=message_factory.GetMessageClass(m.input_type).FromString,
+            response_serializer=_serialize,
+        )
+        for m in service.methods
+    }
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(service.full_name, handlers),)
     )

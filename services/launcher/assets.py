@@ -145,6 +145,8 @@ def assign_ports(cfg: FlywheelConfig) -> None:
     for name in ("buffer", "reward", "rollout", "trainer"):
         ep = getattr(cfg.services, name)
         n = replicas if name == "rollout" else 1
+        if name == "rollout":
+            ep.port_stride = 1
         if ep.port == 0:
             ep.port = _free_block(n)
         if ep.metrics_port == 0:

@@ -844,6 +844,10 @@ class KubernetesRun:
             exits = self._check_pods()
             pod0 = f"{self.names.of('trainer')}-0"
             if pod0 in exits and exits[pod0] is not None:
+                # the trainer's last lines (its summary) are worth the wait
+                for (_, container), thread in list(self._followers.items()):
+                    if container == "trainer":
+                        thread.join(timeout=5.0)
                 return int(exits[pod0])
             if deadline is not None and time.monotonic() > deadline:
                 raise KubernetesLaunchError(f"trainer did not finish within {timeout:.0f} s")

@@ -80,8 +80,8 @@ class LocalRun:
         }
         out["rollout"] = [
             {
-                "grpc": f"{host}:{s.rollout.port + i}",
-                "metrics": f"http://{host}:{s.rollout.metrics_port + i}/metrics",
+                "grpc": f"{host}:{s.rollout.replica_port(i)}",
+                "metrics": f"http://{host}:{s.rollout.replica_port(i, 'metrics_port')}/metrics",
             }
             for i in range(self.cfg.rollout.n_replicas)
         ]
@@ -132,7 +132,7 @@ class LocalRun:
                 "services.rollout",
                 config_path,
                 ["--replica-index", str(i)],
-                f"{s.rollout.host}:{s.rollout.port + i}",
+                s.rollout.replica_address(i),
                 lc.rollout_cpus,
             )
 
@@ -163,7 +163,7 @@ class LocalRun:
         rows = read_jsonl(self.cfg.valid_dataset.path, limit=ec.n_prompts)
         s = self.cfg.services
         result = evaluate(
-            f"{s.rollout.host}:{s.rollout.port}",
+            s.rollout.replica_address(0),
             s.reward.address,
             rows,
             prompt_key=self.cfg.valid_dataset.prompt_key,
@@ -271,7 +271,7 @@ class LocalRun:
             "services.rollout",
             self.run_dir / "config.yaml",
             ["--replica-index", str(i)],
-            f"{s.rollout.host}:{s.rollout.port + i}",
+            s.rollout.replica_address(i),
             self.cfg.launcher.rollout_cpus,
         )
 

@@ -16,6 +16,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from services.common.metrics import metric_name, new_registry
@@ -71,3 +73,18 @@ class RewardMetrics:
             buckets=_REQUEST_BUCKETS,
             registry=r,
         )
+        # Labelled children, looked up once: `labels()` per scored item is measurable.
+        self._score_children: dict[str, Any] = {}
+        self._result_children: dict[tuple[str, str], Any] = {}
+
+    def score_seconds_of(self, fn: str) -> Any:
+        child = self._score_children.get(fn)
+        if child is None:
+            child = self._score_children[fn] = self.score_seconds.labels(fn=fn)
+        return child
+
+    def result(self, fn: str, status: str) -> None:
+        child = self._result_children.get((fn, status))
+        if child is None:
+            child = self._result_children[(fn, status)] = self.results.labels(fn=fn, status=status)
+        child.inc()

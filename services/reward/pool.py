@@ -24,6 +24,7 @@ import logging
 import math
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections import deque
@@ -33,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from services.reward.metrics import RewardMetrics
-from services.reward.protocol import ProtocolError, encode_frame, read_frame
+from services.reward.protocol import FrameParser, ProtocolError, encode_frame
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ class PoolConfig:
     memory_bytes: int = 4 << 30  # RLIMIT_AS per worker; 0 = unlimited
     cpu_seconds: float = 60.0  # RLIMIT_CPU per call; 0 = unlimited
     start_timeout_s: float = 120.0
+    coalesce_s: float = 0.002  # pause between reading results of one chunk (see _run_chunk)
     preload: tuple[str, ...] = ()
     warmup: tuple[str, ...] = ()
 
@@ -90,36 +92,95 @@ class ScoreTask:
             self.future.set_result(result)
 
 
-class _WorkerDied(Exception):
-    pass
+class _WorkerGone(Exception):
+    """The worker's output pipe closed (it exited or was killed)."""
+
+
+class _WorkerProtocol(asyncio.SubprocessProtocol):
+    """Collects result frames from the worker's stdout as they arrive."""
+
+    def __init__(self) -> None:
+        self.parser = FrameParser()
+        self.frames: deque[dict[str, Any]] = deque()
+        self.error: Exception | None = None
+        self.closed = False
+        self._waiter: asyncio.Future[None] | None = None
+        self.exited: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def pipe_data_received(self, fd: int, data: bytes) -> None:
+        if fd != 1 or self.error is not None:
+            return
+        try:
+            self.frames.extend(self.parser.feed(data))
+        except ProtocolError as exc:
+            self.error = exc
+        self._wake()
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        if fd == 1:
+            self.closed = True
+            self._wake()
+
+    def process_exited(self) -> None:
+        self.closed = True
+        self._wake()
+        if not self.exited.done():
+            self.exited.set_result(None)
+
+    async def next_frame(self) -> dict[str, Any]:
+        while not self.frames:
+            if self.error is not None:
+                raise self.error
+            if self.closed:
+                raise _WorkerGone()
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        return self.frames.popleft()
 
 
 class _WorkerProcess:
     """One live worker: its process, its pipes, and how to kill it."""
 
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-        self.pid = proc.pid
-        assert proc.stdin is not None and proc.stdout is not None
-        self.stdin = proc.stdin
-        self.stdout = proc.stdout
+    def __init__(self, transport: asyncio.SubprocessTransport, protocol: _WorkerProtocol) -> None:
+        self.transport = transport
+        self.protocol = protocol
+        self.pid: int = transport.get_pid()
+        stdin = transport.get_pipe_transport(0)
+        assert isinstance(stdin, asyncio.WriteTransport)
+        self.stdin = stdin
 
-    async def send(self, msg: dict[str, Any]) -> None:
+    def send(self, msg: dict[str, Any]) -> None:
+        """Queue a frame on the worker's stdin (the transport writes it as the pipe drains)."""
         self.stdin.write(encode_frame(msg))
-        await self.stdin.drain()
+
+    def has_frame(self) -> bool:
+        return bool(self.protocol.frames)
 
     async def recv(self) -> dict[str, Any]:
-        return await read_frame(self.stdout)
+        return await self.protocol.next_frame()
 
-    async def kill(self) -> int | None:
-        """SIGKILL the worker's process group (it leads its own session), then reap it."""
+    def send_kill(self) -> None:
+        """SIGKILL the worker's process group (it leads its own session): the function,
+        and anything it forked, stop now; reaping can follow."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError):
-            self.proc.kill()
-        with contextlib.suppress(Exception):
-            self.stdin.close()
-        return await self.proc.wait()
+            self.transport.kill()
+
+    async def wait(self) -> int | None:
+        await self.protocol.exited
+        code = self.transport.get_returncode()
+        self.transport.close()
+        return code
+
+    async def kill(self) -> int | None:
+        """SIGKILL, then reap; returns the exit status."""
+        self.send_kill()
+        return await self.wait()
 
 
 def describe_exit(returncode: int | None) -> str:
@@ -277,19 +338,21 @@ class WorkerPool:
         )
         for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
             env.setdefault(var, "1")
-        proc = await asyncio.create_subprocess_exec(
+        transport, protocol = await asyncio.get_running_loop().subprocess_exec(
+            _WorkerProtocol,
             sys.executable,
             "-m",
             "services.reward.worker",
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=None,
             start_new_session=True,
             env=env,
             cwd=PROJECT_ROOT,
         )
-        worker = _WorkerProcess(proc)
+        worker = _WorkerProcess(transport, protocol)
         try:
-            await worker.send(
+            worker.send(
                 {
                     "op": "init",
                     "memory_bytes": self.config.memory_bytes,
@@ -299,14 +362,18 @@ class WorkerPool:
                     "warmup": list(self.config.warmup),
                 }
             )
-            ready = await asyncio.wait_for(worker.recv(), timeout=self.config.start_timeout_s)
+            async with asyncio.timeout(self.config.start_timeout_s):
+                ready = await worker.recv()
             if ready.get("op") != "ready":
                 raise ProtocolError(f"expected 'ready', got {ready.get('op')!r}")
-        except BaseException:
+        except asyncio.CancelledError:
+            await worker.kill()
+            raise
+        except Exception as exc:
             code = await worker.kill()
-            if isinstance(sys.exc_info()[1], asyncio.CancelledError):
-                raise
-            raise RuntimeError(f"worker {worker.pid} did not start ({describe_exit(code)})") from None
+            raise RuntimeError(
+                f"worker {worker.pid} did not start ({describe_exit(code)}; {type(exc).__name__})"
+            ) from None
         return worker
 
     def _fail_queued(self, message: str) -> None:
@@ -335,14 +402,18 @@ class WorkerPool:
         if tasks:
             self._notify()
 
-    async def _retire(self, slot: int, worker: _WorkerProcess, reason: str) -> int | None:
-        """Take the worker out of service, count the restart, kill it. Done before the
-        failed item is resolved, so a caller that sees TIMEOUT never sees the old worker."""
+    def _take_out(self, slot: int, worker: _WorkerProcess, reason: str) -> None:
+        """Remove the worker from service and count the restart. Done before the failed
+        item is resolved, so a caller that sees TIMEOUT never sees the old worker listed."""
         if self._workers.get(slot) is worker:
             del self._workers[slot]
         self._update_gauges()
         if self.metrics is not None:
             self.metrics.worker_restarts.labels(reason=reason).inc()
+
+    async def _retire(self, slot: int, worker: _WorkerProcess, reason: str) -> int | None:
+        """`_take_out`, then kill and reap; returns the exit status."""
+        self._take_out(slot, worker, reason)
         return await worker.kill()
 
     async def _run_chunk(self, slot: int, worker: _WorkerProcess, chunk: list[ScoreTask]) -> bool:
@@ -359,8 +430,7 @@ class WorkerPool:
         start = time.monotonic()
         try:
             worker.stdin.write(frame)
-            await worker.stdin.drain()
-        except (ConnectionError, BrokenPipeError, RuntimeError):
+        except (ConnectionError, RuntimeError):
             code = await self._retire(slot, worker, "crash")
             log.warning("reward worker pipe broken", extra={"pid": worker.pid, "exit": describe_exit(code)})
             self._requeue(chunk)
@@ -368,9 +438,18 @@ class WorkerPool:
         for i, task in enumerate(chunk):
             deadline = start + task.deadline_s
             try:
-                result = await asyncio.wait_for(worker.recv(), timeout=max(0.0, deadline - time.monotonic()))
+                if worker.has_frame():
+                    result = await worker.recv()  # already here: no timer, no suspension
+                else:
+                    # `timeout_at` (a timer, not a task per item like `wait_for`); the
+                    # loop's clock is time.monotonic, the clock of the deadline.
+                    async with asyncio.timeout_at(deadline):
+                        result = await worker.recv()
             except TimeoutError:
-                await self._retire(slot, worker, "timeout")
+                # Kill first, answer at once, reap after: the caller's wait is the deadline
+                # plus a signal, not plus the kernel tearing down a large address space.
+                self._take_out(slot, worker, "timeout")
+                worker.send_kill()
                 elapsed = time.monotonic() - start
                 self._requeue(chunk[i + 1 :])
                 task.resolve(
@@ -382,8 +461,9 @@ class WorkerPool:
                     )
                 )
                 self._observe(task, elapsed)
+                await worker.wait()
                 return False
-            except (asyncio.IncompleteReadError, ConnectionError, ProtocolError) as exc:
+            except (_WorkerGone, ConnectionError, ProtocolError) as exc:
                 code = await self._retire(slot, worker, "crash")
                 elapsed = time.monotonic() - start
                 detail = describe_exit(code) if not isinstance(exc, ProtocolError) else str(exc)
@@ -412,8 +492,14 @@ class WorkerPool:
                 return False
             task.resolve(outcome)
             self._observe(task, seconds)
+            if i + 1 < len(chunk) and not worker.has_frame() and self.config.coalesce_s > 0:
+                # Let a few results pile up and handle them in one wake-up: on few cores
+                # the service's per-wake-up cost competes with the workers. Deadlines are
+                # absolute (from the worker's clock), so this delays reading a result,
+                # never a kill, by at most coalesce_s.
+                await asyncio.sleep(self.config.coalesce_s)
         return True
 
     def _observe(self, task: ScoreTask, seconds: float) -> None:
         if self.metrics is not None:
-            self.metrics.score_seconds.labels(fn=task.fn_name).observe(seconds)
+            self.metrics.score_seconds_of(task.fn_name).observe(seconds)

@@ -97,6 +97,35 @@ def write_frame_fd(fd: int, msg: dict[str, Any]) -> None:
 # --- asyncio side (the service) ---------------------------------------------------------
 
 
+class FrameParser:
+    """Incremental decoder: feed it bytes as they arrive, take whole frames out.
+
+    The service reads worker pipes through this (from an asyncio protocol callback), so
+    that several results that arrived together cost one wake-up, not one each.
+    """
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
+        """Append `data`; return the frames now complete (raises ProtocolError)."""
+        self._buf += data
+        frames: list[dict[str, Any]] = []
+        buf, pos = self._buf, 0
+        while len(buf) - pos >= HEADER.size:
+            (length,) = HEADER.unpack_from(buf, pos)
+            _check_length(length)
+            end = pos + HEADER.size + length
+            if len(buf) < end:
+                break
+            frames.append(decode_body(bytes(buf[pos + HEADER.size : end])))
+            pos = end
+        if pos:
+            del buf[:pos]  # compact once per feed, not once per frame
+        return frames
+
+
+
 async def read_frame(reader: asyncio.StreamReader) -> dict[str, Any]:
     """Next frame; raises `asyncio.IncompleteReadError` when the worker's pipe closed."""
     head = await reader.readexactly(HEADER.size)

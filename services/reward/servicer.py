@@ -13,6 +13,7 @@ its neighbours are scored normally. Nothing becomes a silent 0.0: the caller's
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -235,13 +236,13 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
         for i, item in enumerate(items):
             if item.payload is None:
                 results[i] = _result(INVALID_INPUT, message=item.invalid)
-                self.metrics.results.labels(fn=item.fn_name, status=INVALID_INPUT).inc()
+                self.metrics.result(item.fn_name, INVALID_INPUT)
                 continue
             if item.key is not None and self.cache is not None:
                 hit = self.cache.get(item.key)
                 if hit is not None:
                     self.metrics.cache_hits.inc()
-                    self.metrics.results.labels(fn=item.fn_name, status=OK).inc()
+                    self.metrics.result(item.fn_name, OK)
                     results[i] = _result(OK, hit, cached=True)
                     continue
                 self.metrics.cache_misses.inc()
@@ -258,8 +259,10 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
             self.pool.submit(tasks)
         done: dict[int, TaskResult] = {}
         try:
-            for task in tasks:
-                done[id(task)] = await task.future
+            # One wake-up for the whole batch (awaiting each future in turn would wake
+            # this coroutine once per item).
+            for task, res in zip(tasks, await asyncio.gather(*(t.future for t in tasks)), strict=True):
+                done[id(task)] = res
         except BaseException:
             # The caller went away (or the pool closed): queued items need not be scored.
             for task in tasks:
@@ -270,7 +273,7 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
                 continue
             res = done[id(task)]
             item = items[i]
-            self.metrics.results.labels(fn=item.fn_name, status=res.status).inc()
+            self.metrics.result(item.fn_name, res.status)
             if res.status == OK and item.key is not None and self.cache is not None:
                 self.cache.put(item.key, res.reward)
             results[i] = _result(res.status, res.reward, res.message, seconds=res.seconds)

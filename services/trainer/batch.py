@@ -59,7 +59,9 @@ class SeqBatch:
     def to(self, device: torch.device) -> SeqBatch:
         return SeqBatch(
             **{
-                f.name: (None if getattr(self, f.name) is None else getattr(self, f.name).to(device))
+                f.name: (
+                    None if getattr(self, f.name) is None else getattr(self, f.name).to(device)
+                )
                 for f in fields(self)
             }
         )

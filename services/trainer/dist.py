@@ -97,9 +97,7 @@ def init_distributed(device: str = "auto", timeout_s: float = 1800.0) -> DistCon
         local_rank = int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
         dev = resolve_device(device, local_rank)
         backend = "cpu:gloo,cuda:nccl" if dev.type == "cuda" else "gloo"
-        dist.init_process_group(
-            backend=backend, timeout=datetime.timedelta(seconds=timeout_s)
-        )
+        dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
         owns = True
     else:
         local_rank = int(os.environ.get("LOCAL_RANK", dist.get_rank()))

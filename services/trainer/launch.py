@@ -34,9 +34,7 @@ from services.trainer.dist import free_port
 log = logging.getLogger(__name__)
 
 
-def rank_env(
-    rank: int, world_size: int, master_addr: str, master_port: int
-) -> dict[str, str]:
+def rank_env(rank: int, world_size: int, master_addr: str, master_port: int) -> dict[str, str]:
     """The environment of one local rank (torchrun's variable names)."""
     env = dict(os.environ)
     env.update(
@@ -60,14 +58,17 @@ def spawn_ranks(
     master_port: int = 0,
     grace: float = 120.0,
     module: str = "services.trainer",
+    command: Sequence[str] | None = None,
 ) -> int:
-    """Run `python -m <module> <argv>` as `world_size` ranks; return the job's exit code."""
+    """Run `python -m <module> <argv>` (or `command`) as `world_size` ranks; return the
+    job's exit code."""
     port = master_port or free_port(master_addr)
+    cmd = list(command) if command is not None else [sys.executable, "-m", module, *argv]
     procs: list[subprocess.Popen] = []
     for rank in range(world_size):
         procs.append(
             subprocess.Popen(
-                [sys.executable, "-m", module, *argv],
+                cmd,
                 env=rank_env(rank, world_size, master_addr, port),
                 start_new_session=True,
             )
@@ -100,7 +101,9 @@ def _supervise(procs: list[subprocess.Popen], stop_at: list[float]) -> int:
         failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
         if failed:
             rank, code = failed[0]
-            log.error("trainer rank failed; stopping the others", extra={"rank": rank, "code": code})
+            log.error(
+                "trainer rank failed; stopping the others", extra={"rank": rank, "code": code}
+            )
             _terminate(procs)
             return int(code) if code > 0 else 128 - int(code)  # signal -N -> 128 + N
         if all(c == 0 for c in codes):

@@ -105,12 +105,17 @@ class TrainerMetrics:
             registry=r,
         )
         self.step_seconds = Histogram(
-            f"{P}_step_seconds", "Wall time of one training step.", buckets=_SECONDS_BUCKETS,
+            f"{P}_step_seconds",
+            "Wall time of one training step.",
+            buckets=_SECONDS_BUCKETS,
             registry=r,
         )
         self.phase_seconds = Histogram(
-            f"{P}_phase_seconds", "Wall time of each phase of a step.", ["phase"],
-            buckets=_SECONDS_BUCKETS, registry=r,
+            f"{P}_phase_seconds",
+            "Wall time of each phase of a step.",
+            ["phase"],
+            buckets=_SECONDS_BUCKETS,
+            registry=r,
         )
         self.tokens_per_second = Gauge(
             f"{P}_tokens_per_second", "Trained tokens per second of the train phase.", registry=r

@@ -61,12 +61,12 @@ def load_hf_model(cfg: TrainEngineConfig, *, critic: bool = False) -> nn.Module:
             model = AutoModelForTokenClassification.from_config(hf_cfg, **kwargs)
         else:
             model = AutoModelForTokenClassification.from_pretrained(
-                cfg.path, config=hf_cfg, torch_dtype=master, **kwargs
+                cfg.path, config=hf_cfg, dtype=master, **kwargs
             )
     elif cfg.init_from_scratch:
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(cfg.path), **kwargs)
     else:
-        model = AutoModelForCausalLM.from_pretrained(cfg.path, torch_dtype=master, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(cfg.path, dtype=master, **kwargs)
     model = model.to(master)
     if cfg.disable_dropout:
         for m in model.modules():

@@ -85,7 +85,15 @@ def scheduler_state(scheduler: torch.optim.lr_scheduler.LRScheduler) -> dict:
     return {k: v for k, v in state.items() if k != "lr_lambdas"}
 
 
-def load_scheduler_state(scheduler: torch.optim.lr_scheduler.LRScheduler, state: dict) -> None:
+def load_scheduler_state(scheduler: torch.optim.lr_scheduler.LambdaLR, state: dict) -> None:
+    """Restore the schedule position and set the optimizer's lr to the value it implies
+    (loading a scheduler alone leaves the optimizer's lr where it was)."""
     full = scheduler.state_dict()
     full.update({k: v for k, v in state.items() if k != "lr_lambdas"})
     scheduler.load_state_dict(full)
+    step = scheduler.last_epoch
+    for group, fn, base in zip(
+        scheduler.optimizer.param_groups, scheduler.lr_lambdas, scheduler.base_lrs, strict=True
+    ):
+        group["lr"] = base * fn(step)
+    scheduler._last_lr = [g["lr"] for g in scheduler.optimizer.param_groups]  # noqa: SLF001

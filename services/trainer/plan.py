@@ -57,7 +57,9 @@ def make_plan(
     for mini in minis:
         shares = _split(mini, lens, g, exact_bins=world_size) if mini else [[]] * world_size
         per_rank = [
-            _split(share, lens, g, min_bins=mb_spec.n_mbs or 1, max_tokens=mb_spec.max_tokens_per_mb)
+            _split(
+                share, lens, g, min_bins=mb_spec.n_mbs or 1, max_tokens=mb_spec.max_tokens_per_mb
+            )
             if share
             else []
             for share in shares

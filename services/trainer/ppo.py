@@ -35,8 +35,8 @@ import torch.distributed as dist
 from services.common.codec import TrajectoryGroup
 from services.common.config import FlywheelConfig, OptimizerConfig
 from services.trainer.algorithms import (
-    advantages_from_config,
     actor_loss_from_config,
+    advantages_from_config,
     critic_loss_from_config,
     needs_recompute,
     prox_from_config,
@@ -77,9 +77,8 @@ def schedule_steps(cfg: FlywheelConfig, n_minibatches: int) -> int:
     steps = cfg.trainer.lr_schedule_steps or cfg.total_train_steps
     if steps is None:
         opt = cfg.actor.optimizer or OptimizerConfig()
-        if (
-            opt.lr_scheduler_type != "constant"
-            or (opt.warmup_steps is None and opt.warmup_steps_proportion > 0)
+        if opt.lr_scheduler_type != "constant" or (
+            opt.warmup_steps is None and opt.warmup_steps_proportion > 0
         ):
             raise ValueError(
                 f"actor.optimizer.lr_scheduler_type={opt.lr_scheduler_type!r} (or a warm-up "
@@ -203,7 +202,9 @@ class PPOTrainer:
         phases: dict[str, float] = {}
         cfg, actor_cfg = self.cfg, self.actor_cfg
         v = self.version
-        batch = from_groups(groups, pad_id=int(getattr(self.actor.hf_config, "pad_token_id", 0) or 0))
+        batch = from_groups(
+            groups, pad_id=int(getattr(self.actor.hf_config, "pad_token_id", 0) or 0)
+        )
         lens = batch.seq_lens.tolist()
         world = self.ctx.world_size
         plan = make_plan(
@@ -278,7 +279,9 @@ class PPOTrainer:
         stats.update(actor_out["stats"])
         gen = loss_mask & (batch.versions >= 0)
         oldest = torch.where(gen, batch.versions, torch.iinfo(torch.int64).max).min(dim=1).values
-        staleness = [int(v - o) for o, g in zip(oldest.tolist(), gen.any(1).tolist(), strict=True) if g]
+        staleness = [
+            int(v - o) for o, g in zip(oldest.tolist(), gen.any(1).tolist(), strict=True) if g
+        ]
         self.version = v + 1
         self.step += 1
         norms = actor_out["grad_norms"]

@@ -48,10 +48,9 @@ class StatAccumulator:
                 if w > 0:
                     i = _MAX.index(name)
                     self._max[i] = max(float(self._max[i]), v)
-            elif name in _INDEX:
-                if w > 0 and math.isfinite(v):
-                    self._wsum[_INDEX[name]] += v * w
-                    self._weight[_INDEX[name]] += w
+            elif name in _INDEX and w > 0 and math.isfinite(v):
+                self._wsum[_INDEX[name]] += v * w
+                self._weight[_INDEX[name]] += w
 
     def reduce(self) -> dict[str, float]:
         """All-reduce over ranks (collective) and return {name: value} for names seen."""

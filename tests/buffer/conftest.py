@@ -43,9 +43,7 @@ BufferFactory = Callable[..., Awaitable[tuple[BufferService, BufferClient]]]
 
 
 @pytest.fixture
-async def make_buffer(
-    redis_server: RedisServer, tmp_path: Any
-) -> AsyncIterator[BufferFactory]:
+async def make_buffer(redis_server: RedisServer, tmp_path: Any) -> AsyncIterator[BufferFactory]:
     """`await make_buffer(buffer={...}, rollout={...})` -> (running service, client)."""
     running: list[tuple[BufferService, BufferClient]] = []
 
@@ -56,7 +54,9 @@ async def make_buffer(
         client_kw: dict[str, Any] | None = None,
     ) -> tuple[BufferService, BufferClient]:
         bcfg = BufferConfig(**{"redis_url": redis_server.url, "claim_poll_ms": 5, **(buffer or {})})
-        rcfg = RolloutConfig(**{"consumer_batch_size": 2, "max_head_offpolicyness": 1, **(rollout or {})})
+        rcfg = RolloutConfig(
+            **{"consumer_batch_size": 2, "max_head_offpolicyness": 1, **(rollout or {})}
+        )
         service = BufferService(
             BufferParts(
                 buffer=bcfg,

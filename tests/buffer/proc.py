@@ -20,8 +20,13 @@ REPO = Path(__file__).resolve().parents[2]
 class BufferProcess:
     """The buffer service in its own process, on a fixed port so a restart keeps the address."""
 
-    def __init__(self, workdir: Path, redis_url: str, buffer: dict[str, Any] | None = None,
-                 rollout: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        redis_url: str,
+        buffer: dict[str, Any] | None = None,
+        rollout: dict[str, Any] | None = None,
+    ) -> None:
         self.workdir = workdir
         self.port = free_port()
         self.config = workdir / "buffer.yaml"
@@ -30,7 +35,11 @@ class BufferProcess:
             "trial_name": "t0",
             "cluster": {"fileroot": str(workdir / "fileroot")},
             "actor": {"kl_ctl": 0.0},
-            "rollout": {"consumer_batch_size": 2, "max_head_offpolicyness": 1000, **(rollout or {})},
+            "rollout": {
+                "consumer_batch_size": 2,
+                "max_head_offpolicyness": 1000,
+                **(rollout or {}),
+            },
             "buffer": {"redis_url": redis_url, "claim_poll_ms": 5, **(buffer or {})},
             "services": {"buffer": {"port": self.port, "metrics_port": 0}, "auth_token": None},
         }
@@ -59,7 +68,9 @@ class BufferProcess:
         """Until grpc.health says SERVING; fails at once if the child died."""
         while True:
             if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"buffer exited {self.proc.returncode}: {self.log.read_text()[-3000:]}")
+                raise RuntimeError(
+                    f"buffer exited {self.proc.returncode}: {self.log.read_text()[-3000:]}"
+                )
             if await self.health() == health_pb2.HealthCheckResponse.SERVING:
                 return
             await asyncio.sleep(0.05)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +15,10 @@ import pytest
 import yaml
 
 from services.buffer.export import group_to_record, read_jsonl, record_to_group
-from services.common.codec import CodecError
+from services.buffer.service import key_prefix, store_settings
+from services.buffer.store import RedisStore, connect
+from services.common.codec import CodecError, group_to_proto
+from services.common.config import BufferConfig, RolloutConfig
 from services.common.redis_server import RedisServer
 
 from .helpers import assert_groups_equal, make_group
@@ -60,7 +65,9 @@ async def test_export_then_replay_serves_the_same_groups(make_buffer, tmp_path: 
     assert n == 3 and path == str(Path(live.parts.export_dir, "run/versions-0-1.jsonl"))
     lines = [json.loads(x) for x in Path(path).read_text().splitlines()]
     assert [(x["group_id"], x["state"]) for x in lines] == [
-        ("a", "acked"), ("b", "acked"), ("c", "pending")
+        ("a", "acked"),
+        ("b", "acked"),
+        ("c", "pending"),
     ]
     for got in read_jsonl(path):
         assert_groups_equal(got, groups[got.group_id])
@@ -79,7 +86,13 @@ async def test_export_then_replay_serves_the_same_groups(make_buffer, tmp_path: 
         assert_groups_equal(got, groups[got.group_id])
     assert await rclient.ack(out.group_ids) == 3
     s = await rclient.stats()
-    assert (s.put_total, s.acked_total, s.pending, s.replay, s.invariant_ok) == (3, 3, 0, True, True)
+    assert (s.put_total, s.acked_total, s.pending, s.replay, s.invariant_ok) == (
+        3,
+        3,
+        0,
+        True,
+        True,
+    )
 
     live_stats = await client.stats()  # the replay lives under its own prefix
     assert (live_stats.put_total, live_stats.acked_total, live_stats.pending) == (4, 2, 2)
@@ -87,49 +100,32 @@ async def test_export_then_replay_serves_the_same_groups(make_buffer, tmp_path: 
 
 
 @pytest.mark.integration
-def test_export_command_line_with_text(redis_server: RedisServer, tmp_path: Path) -> None:
-    """`python -m services.buffer --config F --export OUT` against a Redis with a password."""
-    from transformers import PreTrainedTokenizerFast
+async def test_export_command_line_with_text(tmp_path: Path) -> None:
+    """`python -m services.buffer --config F --export OUT` against a Redis with a password,
+    with prompt and completion text decoded by the configured tokenizer."""
+    from transformers import PreTrainedTokenizerFast  # heavy: only this test needs it
 
     from services.common.tiny_model import build_tokenizer
 
+    tok = build_tokenizer()
     tok_dir = tmp_path / "tok"
-    PreTrainedTokenizerFast(tokenizer_object=build_tokenizer()).save_pretrained(tok_dir)
-    secured = RedisServer(password="pa ss", dir=tmp_path / "redis").start()
-    try:
-        # store two groups with token ids that spell "12+3=" and "15"
-        import asyncio
-
-        from services.buffer.service import BufferParts, BufferService
-        from services.common.config import BufferConfig, RolloutConfig
-
-        tok = build_tokenizer()
-        ids = [tok.token_to_id(ch) for ch in "12+3=15"]
-
-        async def fill() -> None:
-            svc = BufferService(
-                BufferParts(
-                    buffer=BufferConfig(redis_url=f"redis://127.0.0.1:{secured.port}/0",
-                                        redis_password="pa ss"),
-                    rollout=RolloutConfig(),
-                    prefix="{flywheel:cli:t0}:buf",
-                    export_dir=str(tmp_path),
-                )
-            )
-            await svc.start()
-            try:
-                g = make_group("txt", prompt_len=5, gen_len=2, rewards=(1.0,))
-                g.trajectories[0].input_ids = np.array(ids)
-                from services.common.codec import group_to_proto
-
-                await svc.store.put(  # type: ignore[union-attr]
-                    group_id="txt", oldest_version=0, newest_version=0, n_trajectories=1,
-                    payload=group_to_proto(g).SerializeToString(),
-                )
-            finally:
-                await svc.stop(grace=0.1)
-
-        asyncio.run(fill())
+    PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(tok_dir)
+    with RedisServer(password="pa ss", dir=tmp_path / "redis") as secured:
+        url = f"redis://127.0.0.1:{secured.port}/0"
+        g = make_group("txt", prompt_len=5, gen_len=2, rewards=(1.0,))
+        g.trajectories[0].input_ids = np.array([tok.token_to_id(ch) for ch in "12+3=15"])
+        settings = store_settings(
+            BufferConfig(), RolloutConfig(), key_prefix(BufferConfig(), "cli", "t0")
+        )
+        store = RedisStore(connect(url, password="pa ss"), settings)
+        await store.put(
+            group_id="txt",
+            oldest_version=0,
+            newest_version=0,
+            n_trajectories=1,
+            payload=group_to_proto(g).SerializeToString(),
+        )
+        await store.close()
         cfg = tmp_path / "cfg.yaml"
         cfg.write_text(
             yaml.safe_dump(
@@ -137,22 +133,18 @@ def test_export_command_line_with_text(redis_server: RedisServer, tmp_path: Path
                     "experiment_name": "cli",
                     "trial_name": "t0",
                     "actor": {"kl_ctl": 0.0},
-                    "buffer": {
-                        "redis_url": f"redis://127.0.0.1:{secured.port}/0",
-                        "tokenizer_path": str(tok_dir),
-                    },
+                    "buffer": {"redis_url": url, "tokenizer_path": str(tok_dir)},
                 }
             )
         )
         out = tmp_path / "out.jsonl"
-        env = {"FLYWHEEL_REDIS_PASSWORD": "pa ss", "PATH": "/usr/bin:/bin"}
-        subprocess.run(
-            [sys.executable, "-m", "services.buffer", "--config", str(cfg), "--export", str(out)],
-            cwd=REPO, env=env, check=True, capture_output=True, timeout=120,
+        cmd = [sys.executable, "-m", "services.buffer", "--config", str(cfg), "--export", str(out)]
+        env = {**os.environ, "FLYWHEEL_REDIS_PASSWORD": "pa ss"}
+        done = await asyncio.to_thread(
+            subprocess.run, cmd, cwd=REPO, env=env, capture_output=True, timeout=120
         )
-        (rec,) = [json.loads(x) for x in out.read_text().splitlines()]
-        assert rec["group_id"] == "txt"
-        assert rec["trajectories"][0]["prompt_text"] == "12+3="
-        assert rec["trajectories"][0]["completion_text"] == "15"
-    finally:
-        secured.cleanup()
+        assert done.returncode == 0, done.stderr.decode()[-2000:]
+    (rec,) = [json.loads(x) for x in out.read_text().splitlines()]
+    assert rec["group_id"] == "txt"
+    assert rec["trajectories"][0]["prompt_text"] == "12+3="
+    assert rec["trajectories"][0]["completion_text"] == "15"

@@ -56,7 +56,10 @@ class Traffic:
                 assert r.stored, r
                 self.put_acknowledged[gid] = time.monotonic()
             except grpc.aio.AioRpcError as err:
-                assert err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED), err
+                assert err.code() in (
+                    grpc.StatusCode.UNAVAILABLE,
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                ), err
                 self.put_unsure.add(gid)
                 await asyncio.sleep(0.02)
 
@@ -98,9 +101,7 @@ class Traffic:
             s = await self.client.stats()
             if s.pending == 0 and s.in_flight == 0:
                 return
-            out = await self.client.claim(
-                4, consumer_id="drainer", wait_ms=400, allow_partial=True
-            )
+            out = await self.client.claim(4, consumer_id="drainer", wait_ms=400, allow_partial=True)
             self.check_served(out.group_ids)
             if out.groups:
                 await self.client.ack(out.group_ids, consumer_id="drainer")

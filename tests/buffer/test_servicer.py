@@ -7,6 +7,7 @@ import random
 
 import grpc
 import httpx
+import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -49,7 +50,13 @@ async def test_put_claim_ack_round_trip(make_buffer) -> None:
     dup = await client.put(groups[0])
     assert dup.result == "duplicate" and "acked" in dup.reason
     s = await client.stats()
-    assert (s.put_total, s.acked_total, s.duplicate_total, s.pending, s.in_flight) == (3, 3, 1, 0, 0)
+    assert (s.put_total, s.acked_total, s.duplicate_total, s.pending, s.in_flight) == (
+        3,
+        3,
+        1,
+        0,
+        0,
+    )
     assert s.invariant_ok and s.claimed_total == 3 and not s.replay
 
 
@@ -129,14 +136,22 @@ async def test_stale_and_dapo_filtered_puts(make_buffer) -> None:
     assert ok.result == "admitted"
     s = await client.stats()
     assert dict(s.dropped_total) == {
-        "stale_at_put": 1, "stale_at_claim": 0, "filtered": 1, "invalid": 0
+        "stale_at_put": 1,
+        "stale_at_claim": 0,
+        "filtered": 1,
+        "invalid": 0,
     }
     assert s.invariant_ok
 
 
 async def test_filter_at_claim_drops_and_replaces(make_buffer) -> None:
     _, client = await make_buffer(buffer={"filter": "dapo_equal_rewards", "filter_at": "claim"})
-    for gid, rewards in [("a", (1.0, 1.0)), ("b", (0.0, 1.0)), ("c", (0.0, 0.0)), ("d", (1.0, 0.0))]:
+    for gid, rewards in [
+        ("a", (1.0, 1.0)),
+        ("b", (0.0, 1.0)),
+        ("c", (0.0, 0.0)),
+        ("d", (1.0, 0.0)),
+    ]:
         assert (await client.put(make_group(gid, rewards=rewards))).result == "admitted"
     out = await client.claim(2, consumer_id="t")
     assert out.group_ids == ["b", "d"]
@@ -192,7 +207,11 @@ async def test_claim_validation_and_waiting(make_buffer) -> None:
 
 async def test_reserve_and_release_over_grpc(make_buffer) -> None:
     _, client = await make_buffer(
-        rollout={"consumer_batch_size": 2, "max_head_offpolicyness": 0, "max_concurrent_rollouts": 3}
+        rollout={
+            "consumer_batch_size": 2,
+            "max_head_offpolicyness": 0,
+            "max_concurrent_rollouts": 3,
+        }
     )
     r = await client.reserve(5, rollout_id="r0", request_id="q")
     # min(3 - 0, (0+0+1)*2 - 0) = 2
@@ -219,7 +238,9 @@ async def test_auth_token_is_required(make_buffer) -> None:
     assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
-async def test_redis_outage_unavailable_not_serving_then_recovers(make_buffer, redis_server) -> None:
+async def test_redis_outage_unavailable_not_serving_then_recovers(
+    make_buffer, redis_server
+) -> None:
     service, client = await make_buffer(buffer={"health_check_interval_s": 0.05})
     client.retries = 0
     await client.put(make_group("before"))
@@ -306,7 +327,10 @@ async def test_inspection_and_metrics(make_buffer) -> None:
     for gid, v in [("a", 0), ("b", 1), ("c", 2)]:
         await client.put(make_group(gid, version=v))
     rows = await client.list_groups(1, -1)
-    assert [(r.group_id, r.oldest_version, r.state) for r in rows] == [("b", 1, "pending"), ("c", 2, "pending")]
+    assert [(r.group_id, r.oldest_version, r.state) for r in rows] == [
+        ("b", 1, "pending"),
+        ("c", 2, "pending"),
+    ]
     got = await client.read_group("b")
     assert_groups_equal(got, make_group("b", version=1))
     with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -314,7 +338,9 @@ async def test_inspection_and_metrics(make_buffer) -> None:
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await client.export("../../etc/evil.jsonl")
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "export_dir" in err.value.details()
+    assert (
+        err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "export_dir" in err.value.details()
+    )
 
     out = await client.claim(2, consumer_id="t")  # a (staleness 2) and b (staleness 1)
     await client.ack(out.group_ids)
@@ -345,3 +371,13 @@ def test_put_response_enum_names_are_complete() -> None:
 
     known = set(buffer_pb2.AdmissionResult.values()) - {buffer_pb2.ADMISSION_RESULT_UNSPECIFIED}
     assert known == set(_RESULT_NAMES)
+
+
+async def test_groups_outside_the_fast_check_are_decided_by_the_codec(make_buffer) -> None:
+    _, client = await make_buffer()
+    multi = make_group("multi", version=0)
+    multi.trajectories[0].turn_ids = np.array([-1, -1, -1, 0, 0, 1, 1])
+    multi.trajectories[1].logprobs = multi.trajectories[1].logprobs.astype(np.float64)
+    assert (await client.put(multi)).result == "admitted"
+    (got,) = (await client.claim(1, consumer_id="t")).groups
+    np.testing.assert_array_equal(got.trajectories[0].turn_ids, [-1, -1, -1, 0, 0, 1, 1])

@@ -295,7 +295,9 @@ async def test_invariant_holds_at_every_instant_under_concurrency(make_store) ->
     for p in range(8):
         for i in range(30):
             kind = rng.random()
-            plan.append((p, f"p{p}-{i}", rng.choice([0, 0, 1, 3]), kind < 0.15, kind > 0.9, kind < 0.3))
+            plan.append(
+                (p, f"p{p}-{i}", rng.choice([0, 0, 1, 3]), kind < 0.15, kind > 0.9, kind < 0.3)
+            )
     answers: dict[str, str] = {}
     done = asyncio.Event()
     audits = 0

@@ -77,7 +77,7 @@ def service_config(**overrides: Any) -> RewardConfig:
         "fn": "gsm8k",
         "num_workers": 2,
         "deadline_ms": 5000,
-        "worker_memory_mb": 1024,
+        "worker_memory_mb": 512,
         "max_batch": 64,
         "max_queue": 512,
         "cache": False,

@@ -49,9 +49,7 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     """All rows of a `.jsonl`/`.json` or `.parquet` file, or of every such file in a directory."""
     path = Path(path)
     if path.is_dir():
-        files = sorted(
-            p for p in path.iterdir() if p.suffix in (".jsonl", ".json", ".parquet")
-        )
+        files = sorted(p for p in path.iterdir() if p.suffix in (".jsonl", ".json", ".parquet"))
         if not files:
             raise DatasetError(f"{path} holds no .jsonl/.json/.parquet files")
         return [row for f in files for row in read_rows(f)]

@@ -216,6 +216,12 @@ class InferenceEngine(abc.ABC):
         if old is not None:
             log.info("replaced previous weights group")
 
+    async def close_weights_group(self) -> None:
+        """Leave the weights group (a collective: the trainer closes its side too)."""
+        group, self._group = self._group, None
+        if group is not None:
+            await asyncio.to_thread(group.close)
+
     async def update_weights_from_distributed(
         self, manifest: WeightManifest, specs: Sequence[TensorSpec], bucket_bytes: int
     ) -> UpdateResult:

@@ -116,6 +116,9 @@ class TorchEngine(InferenceEngine):
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._shared_gen: torch.Generator | None = None
+        # Called in the engine thread after every step (tracing, tests that need to act at
+        # an exact point of a generation, e.g. pause after the fifth token).
+        self.on_step: Any = None
 
     # --------------------------------------------------------------- lifecycle
 
@@ -178,9 +181,7 @@ class TorchEngine(InferenceEngine):
             self._cv.notify_all()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 30.0)
-        group, self._group = self._group, None
-        if group is not None:
-            await asyncio.to_thread(group.close)
+        await self.close_weights_group()
 
     # -------------------------------------------------------------- generation
 
@@ -241,6 +242,16 @@ class TorchEngine(InferenceEngine):
                 self._cv.notify_all()
             raise
 
+    def request_pause(self) -> None:
+        """Pause from any thread (e.g. an `on_step` hook) without waiting: the loop holds
+        before its next step."""
+        with self._cv:
+            self._paused = True
+
+    def active_outputs(self) -> list[list[int]]:
+        """Tokens generated so far by each request in the batch (inspection)."""
+        return [r.tokens[r.prompt_len :] for r in self._active]
+
     async def pause(self) -> None:
         with self._cv:
             self._paused = True
@@ -294,6 +305,9 @@ class TorchEngine(InferenceEngine):
                     log.exception("decode step failed; failing the requests in it")
                     for req in list(self._active):
                         self._finish(req, "abort", error=exc)
+                hook = self.on_step
+                if hook is not None:
+                    hook(self)
         with self._step_lock:
             for req in [*self._waiting, *self._active]:
                 self._finish(req, "abort")

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .checks import require_finite
 from .gae import gae_token_level, gae_turn_level, turn_slots
 from .gae_lambda import resolve_gae_lambda
 from .kl import KL_ESTIMATORS
@@ -51,12 +52,6 @@ class AdvantageResult:
     rewards: Tensor  # [B] shaped (and normalised) scalar rewards
     gae_lambda: Tensor  # [B]
     stats: dict[str, Tensor] = field(default_factory=dict)
-
-
-def _check_finite(name: str, t: Tensor, mask: Tensor) -> None:
-    bad = mask & ~torch.isfinite(t)
-    if bool(bad.any()):
-        raise ValueError(f"{name} has {int(bad.sum())} non-finite values on generated tokens")
 
 
 def compute_advantages(
@@ -236,7 +231,7 @@ def _compute_padded(
     n, t_len = mask.shape
     no_eos = no_eos.to(device=device, dtype=torch.bool)
     raw = rewards.to(device=device, dtype=torch.float32)
-    _check_finite("rewards", raw, torch.ones_like(raw, dtype=torch.bool))
+    require_finite(torch.ones_like(raw, dtype=torch.bool), "sequences", rewards=raw)
     response_lens = mask.sum(dim=1)
     stats: dict[str, Tensor] = {}
 
@@ -268,8 +263,7 @@ def _compute_padded(
     # 2. Per-token rewards: KL penalty on every generated token, outcome on the last one.
     if kl_ctl > 0:
         assert logprobs is not None and ref_logprobs is not None
-        _check_finite("logprobs", logprobs, mask)
-        _check_finite("ref_logprobs", ref_logprobs, mask)
+        require_finite(mask, logprobs=logprobs, ref_logprobs=ref_logprobs)
         kl = KL_ESTIMATORS.get(kl_estimator)(
             logprobs.detach().to(torch.float32), ref_logprobs.detach().to(torch.float32)
         )
@@ -301,7 +295,7 @@ def _compute_padded(
     # 4. GAE.
     bootstrap = None
     if values is not None:
-        _check_finite("values", values, mask)
+        require_finite(mask, values=values)
         if bool((no_eos & seq_valid).any()):
             if bootstrap_values is None:
                 raise ValueError(

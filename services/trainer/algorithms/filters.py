@@ -5,9 +5,11 @@ group-relative advantages, a group whose rewards are all equal has advantage 0 e
 and only costs compute; DAPO drops such groups (`dapo_equal_rewards`).
 
 Signature (`ShouldAccept`): `fn(rewards: Sequence[float], **kwargs) -> bool`. Pick one
-by name from the registry or by dotted path (`actor.should_accept_fn`); `accept_all` is
-the default. This module is torch-free on purpose: the buffer service imports it to
-filter groups at admission time.
+by name from the registry or by dotted path (`actor.should_accept_fn`, `buffer.filter`);
+`accept_all` is the default. The function `resolve_should_accept` / `get_filter` return
+accepts a list of rewards, or a group object with a `.rewards` attribute (the buffer's
+`TrajectoryGroup`) or a `"rewards"` key. This module is torch-free on purpose: the buffer
+service imports it to filter groups at admission time.
 """
 
 from __future__ import annotations
@@ -51,21 +53,34 @@ def dapo_equal_rewards(rewards: Sequence[float], atol: float = 1e-6, **kwargs: A
     return (max(values) - min(values)) > atol
 
 
+def rewards_of(group: Any) -> list[float]:
+    """The rewards of a group given as a list of floats, an object with `.rewards`, or a
+    mapping with `"rewards"`."""
+    if isinstance(group, Mapping):
+        values = group["rewards"]
+    elif hasattr(group, "rewards"):
+        values = group.rewards
+    else:
+        values = group
+    return [float(r) for r in values]
+
+
 def resolve_should_accept(
     spec: str | None = None,
     kwargs: Mapping[str, Any] | None = None,
     *,
     dynamic_sampling: bool = False,
-) -> Callable[[Sequence[float]], bool]:
+) -> Callable[[Any], bool]:
     """The filter to use: `spec` (name or dotted path), else `dapo_equal_rewards` when
-    `dynamic_sampling` is on, else `accept_all`; `kwargs` are bound to it."""
+    `dynamic_sampling` is on, else `accept_all`; `kwargs` are bound to it. The returned
+    function takes a group's rewards (or the group itself, see `rewards_of`)."""
     name = spec if spec else ("dapo_equal_rewards" if dynamic_sampling else "accept_all")
     fn = FILTERS.get(name)
     bound = functools.partial(fn, **dict(kwargs or {}))
 
     @functools.wraps(fn)
-    def should_accept(rewards: Sequence[float]) -> bool:
-        result = bound(rewards)
+    def should_accept(group: Any) -> bool:
+        result = bound(rewards_of(group))
         if not isinstance(result, bool):
             raise TypeError(
                 f"should_accept_fn {name!r} returned {type(result).__name__}, expected bool"
@@ -75,20 +90,25 @@ def resolve_should_accept(
     return should_accept
 
 
+def get_filter(name: str) -> Callable[[Any], bool]:
+    """`resolve_should_accept(name)`: the lookup the buffer service uses for names it does
+    not know itself. Unknown names raise `RegistryError` (a `ValueError`) listing valid ones."""
+    return resolve_should_accept(name)
+
+
 G = TypeVar("G")
 
 
 def filter_groups(
     groups: Iterable[G],
-    rewards_of: Callable[[G], Sequence[float]],
-    should_accept: Callable[[Sequence[float]], bool],
+    should_accept: Callable[[Any], bool],
 ) -> tuple[list[G], dict[str, float]]:
     """Keep the groups `should_accept` accepts; stats: `dynamic_filter_dropped_fraction`."""
     kept: list[G] = []
     total = 0
     for group in groups:
         total += 1
-        if should_accept(rewards_of(group)):
+        if should_accept(group):
             kept.append(group)
     dropped = (total - len(kept)) / total if total else 0.0
     return kept, {"dynamic_filter_dropped_fraction": dropped}

@@ -37,6 +37,34 @@ def _as_lambda(lam: Tensor | float, n: int, device: torch.device) -> Tensor:
     return torch.full((n,), float(lam), dtype=torch.float32, device=device)
 
 
+def discounted_reverse_cumsum(x: Tensor, factor: Tensor, chunk: int = 64) -> Tensor:
+    """y_t = Σ_{k >= t} factor^(k - t) x_k along the last dim, one factor per row.
+
+    Chunked scan: inside a chunk of C steps one batched matrix product with the
+    upper-triangular matrix M[i, j] = factor^(j - i) does the work; across chunks a short
+    loop (T / C steps) carries y at each chunk's first position backwards with factor^(C - i).
+    Powers never go beyond factor^C, so nothing underflows for long sequences.
+    """
+    n_rows, length = x.shape
+    if length == 0:
+        return x.clone()
+    c = min(chunk, length)
+    pad = (-length) % c
+    xs = torch.nn.functional.pad(x, (0, pad)).view(n_rows, -1, c)
+    idx = torch.arange(c, device=x.device)
+    expo = idx.unsqueeze(0) - idx.unsqueeze(1)  # j - i
+    f = factor.to(x.dtype).view(n_rows, 1, 1)
+    mat = torch.where(expo >= 0, f ** expo.clamp(min=0).to(x.dtype), 0.0)  # [B, C, C]
+    partial = torch.einsum("bij,bnj->bni", mat, xs)
+    carry_w = factor.to(x.dtype).unsqueeze(1) ** (c - idx).to(x.dtype)  # [B, C]
+    out = torch.empty_like(partial)
+    carry = torch.zeros(n_rows, dtype=x.dtype, device=x.device)
+    for k in range(partial.shape[1] - 1, -1, -1):
+        out[:, k] = partial[:, k] + carry_w * carry.unsqueeze(1)
+        carry = out[:, k, 0]
+    return out.reshape(n_rows, -1)[:, :length]
+
+
 def gae_token_level(
     rewards: Tensor,
     mask: Tensor,
@@ -49,8 +77,10 @@ def gae_token_level(
     """Token-level GAE → (advantages, returns), both `[B, T]` and 0 where `mask` is 0.
 
     `bootstrap` `[B]` is the value after the last step (already 0 for EOS-terminated
-    trajectories); None means 0 for all. The loop runs over time with whole-batch tensor
-    operations, so its cost grows with T, not with B * T Python steps.
+    trajectories); None means 0 for all. Vectorised: each row's steps are compacted to
+    the left (a stable sort puts masked positions last), the TD errors are formed with the
+    next *step*'s value, and A = Σ_k (γλ)^(k-t) δ_k is one chunked scan
+    (`discounted_reverse_cumsum`) instead of a Python loop over tokens.
     """
     if rewards.ndim != 2 or mask.shape != rewards.shape:
         raise ValueError(
@@ -67,23 +97,25 @@ def gae_token_level(
     v = torch.zeros_like(r) if values is None else values.detach().to(torch.float32)
     if v.shape != r.shape:
         raise ValueError(f"values has shape {tuple(v.shape)} but rewards has {tuple(r.shape)}")
-    next_value = (
+    boot = (
         torch.zeros(n, dtype=torch.float32, device=device)
         if bootstrap is None
         else bootstrap.detach().to(device=device, dtype=torch.float32).reshape(n)
     )
-    gl = discount * lam
-    last = torch.zeros(n, dtype=torch.float32, device=device)
-    r_cols, v_cols, m_cols = r.unbind(1), v.unbind(1), m.unbind(1)
-    adv_cols: list[Tensor] = [last] * t_len
-    for t in range(t_len - 1, -1, -1):
-        mt = m_cols[t]
-        gae = r_cols[t] + discount * next_value - v_cols[t] + gl * last
-        last = torch.where(mt, gae, last)
-        next_value = torch.where(mt, v_cols[t], next_value)
-        adv_cols[t] = gae
-    adv = torch.stack(adv_cols, dim=1) if t_len else torch.zeros_like(r)
-    adv = torch.where(m, adv, 0.0)
+    if t_len == 0:
+        return torch.zeros_like(r), torch.zeros_like(r)
+    # Compact each row's steps to the left, keeping their order.
+    order = torch.sort((~m).to(torch.int8), dim=1, stable=True).indices
+    n_steps = m.sum(dim=1, keepdim=True)
+    pos = torch.arange(t_len, device=device).unsqueeze(0)
+    step = pos < n_steps
+    r_c = torch.where(step, torch.gather(r, 1, order), 0.0)
+    v_c = torch.where(step, torch.gather(v, 1, order), 0.0)
+    next_v = torch.cat([v_c[:, 1:], torch.zeros_like(v_c[:, :1])], dim=1)
+    next_v = torch.where(pos == n_steps - 1, boot.unsqueeze(1), next_v)
+    delta = torch.where(step, r_c + discount * next_v - v_c, 0.0)
+    adv_c = torch.where(step, discounted_reverse_cumsum(delta, discount * lam), 0.0)
+    adv = torch.zeros_like(r).scatter(1, order, adv_c)
     returns = torch.where(m, adv + v, 0.0)
     return adv, returns
 

@@ -87,12 +87,16 @@ def check_per_seq(layout: SeqLayout, **tensors: Tensor | None) -> None:
             )
 
 
-def seq_sum(values: Tensor, layout: SeqLayout) -> Tensor:
-    """Sum of `values` over each sequence's positions → `[B]` (mask before calling)."""
+def seq_sum(values: Tensor, layout: SeqLayout, dtype: torch.dtype | None = None) -> Tensor:
+    """Sum of `values` over each sequence's positions → `[B]` (mask before calling).
+
+    `dtype` accumulates in another precision (e.g. float64 statistics of float32 inputs)
+    without materialising a converted copy of a padded batch."""
     if layout.seq_index is None:
-        return values.sum(dim=-1)
-    out = torch.zeros(layout.n_seqs, dtype=values.dtype, device=values.device)
-    return out.index_add(0, layout.seq_index, values)
+        return values.sum(dim=-1, dtype=dtype)
+    src = values if dtype is None else values.to(dtype)
+    out = torch.zeros(layout.n_seqs, dtype=src.dtype, device=values.device)
+    return out.index_add(0, layout.seq_index, src)
 
 
 def seq_max(values: Tensor, layout: SeqLayout, fill: float) -> Tensor:

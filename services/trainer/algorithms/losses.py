@@ -7,7 +7,7 @@ Actor, per token t (all pieces optional and composable):
            with A_t replaced by the sequence mean of A
     w_t  = π_prox(t) / π_behave(t)                 decoupled PPO behaviour weight (no grad),
            filtered or clamped by rejection sampling (IcePop, KPop)
-    m_t  = loss_mask, minus rejected tokens, minus M2PO-masked tokens
+    m_t  = loss_mask, minus rejected tokens, minus M2PO-masked tokens (by π_prox/π_behave)
     l_t  = surrogate(ρ_t, A_t, log π_θ(t))          clip | sapo | cispo (see surrogates.py)
     loss = aggregate(w_t · l_t over m_t)           token-mean | seq-mean-token-mean | ...
 
@@ -26,16 +26,11 @@ import torch
 from torch import Tensor
 
 from .aggregation import aggregate_loss
+from .checks import require_finite
 from .layout import SeqLayout, check_same_shape, layout_of, seq_broadcast, seq_sum
 from .offpolicy import RejectionLike, apply_rejection_sampling, m2po_mask
 from .stats import masked_mean, masked_min_max, scalar
 from .surrogates import SURROGATES, SurrogateParams
-
-
-def _finite_on(name: str, t: Tensor, mask: Tensor) -> None:
-    bad = mask & ~torch.isfinite(t.detach())
-    if bool(bad.any()):
-        raise ValueError(f"{name} has {int(bad.sum())} NaN/Inf values on loss tokens")
 
 
 def sequence_ratio_and_advantages(
@@ -79,9 +74,10 @@ def ppo_actor_loss(
     Per-token tensors share one layout: padded `[B, T]` or packed `[N]` with `cu_seqlens`.
     `logprobs` is π_θ (with grad); `proximal_logprobs` π_prox (or π_old without the
     decoupled loss); `behave_logprobs` π_behave (needed by the decoupled loss, rejection
-    sampling, and M2PO — which falls back to π_prox without it). `normalizer` is the
-    minibatch-wide denominator (see `aggregation.py`); `versions` / `current_version`
-    only feed the staleness statistics. M2PO masks over the tokens of this call.
+    sampling and M2PO). `normalizer` is the minibatch-wide denominator (see
+    `aggregation.py`); `versions` / `current_version` only feed the staleness statistics.
+    M2PO judges log π_prox/π_behave, which does not change during a step, over the tokens
+    of this call: give it whole minibatches (or accept a per-micro-batch threshold).
     """
     layout = layout_of(loss_mask, cu_seqlens)
     check_same_shape(
@@ -119,11 +115,14 @@ def ppo_actor_loss(
 
     orig_mask = loss_mask.to(torch.bool)
     mask = orig_mask
-    _finite_on("logprobs", logprobs, mask)
-    _finite_on("proximal_logprobs", proximal_logprobs, mask)
-    _finite_on("advantages", advantages, mask)
-    if behave_logprobs is not None:
-        _finite_on("behave_logprobs", behave_logprobs, mask)
+    require_finite(
+        mask,
+        "loss tokens",
+        logprobs=logprobs,
+        proximal_logprobs=proximal_logprobs,
+        advantages=advantages,
+        behave_logprobs=behave_logprobs,
+    )
     stats: dict[str, Tensor] = {}
     prox = proximal_logprobs.detach()
     adv = advantages.detach()
@@ -147,10 +146,13 @@ def ppo_actor_loss(
         if decoupled_correction == "none":
             behave_weight = None
 
-    # M2PO second-moment mask on log π_θ/π_behave.
+    # M2PO second-moment mask on log π_prox/π_behave (π_θ = π_prox when the step starts).
     if m2_threshold is not None:
-        base = behave_logprobs.detach() if behave_logprobs is not None else prox
-        mask, m2_stats = m2po_mask(logprobs.detach() - base, mask, m2_threshold)
+        if behave_logprobs is None:
+            raise ValueError(
+                "m2_threshold (M2PO) needs behave_logprobs: it masks by log π_prox/π_behave"
+            )
+        mask, m2_stats = m2po_mask(prox - behave_logprobs.detach(), mask, m2_threshold)
         stats.update(m2_stats)
 
     # Ratio and surrogate.
@@ -228,9 +230,7 @@ def critic_loss(
     if value_loss == "huber" and not huber_delta > 0:
         raise ValueError(f"huber_delta must be > 0, got {huber_delta!r}")
     mask = loss_mask.to(torch.bool)
-    _finite_on("values", values, mask)
-    _finite_on("old_values", old_values, mask)
-    _finite_on("returns", returns, mask)
+    require_finite(mask, "loss tokens", values=values, old_values=old_values, returns=returns)
     target = returns.detach()
     old = old_values.detach()
 

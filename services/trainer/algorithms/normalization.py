@@ -177,17 +177,19 @@ def normalize(
     if mask.shape != x.shape:
         raise ValueError(f"mask has shape {tuple(mask.shape)} but x has {tuple(x.shape)}")
     valid = mask.to(torch.bool)
-    xd = torch.where(valid, x.detach().to(torch.float64), 0.0)
+    # float32 element-wise, float64 accumulation: no float64 copy of a [B, T] batch.
+    xf = torch.where(valid, x.detach().to(torch.float32), 0.0)
+    f64 = torch.float64
 
     per_sequence = x.ndim == 1 and cu_seqlens is None
     layout: SeqLayout | None = None
     if per_sequence:
-        total, count = xd, valid.to(torch.float64)
+        total, count = xf.to(f64), valid.to(f64)
         n_seqs = x.shape[0]
     else:
         layout = layout_of(x, cu_seqlens)
-        total = seq_sum(xd, layout)
-        count = seq_sum(valid.to(torch.float64), layout)
+        total = seq_sum(xf, layout, dtype=f64)
+        count = seq_sum(valid, layout, dtype=f64)
         n_seqs = layout.n_seqs
     summary = _Summary(total=total, count=count, valid_seq=count > 0)
 
@@ -206,15 +208,14 @@ def normalize(
         b_sum = _all_reduce(total.sum().reshape(1), process_group)
         b_cnt = _all_reduce(count.sum().reshape(1), process_group)
         b_mean = b_sum / b_cnt.clamp(min=1)
-        b_ss = _all_reduce(
-            torch.where(valid, xd - b_mean, 0.0).square().sum().reshape(1), process_group
-        )
+        dev = torch.where(valid, xf - b_mean.to(torch.float32), 0.0)
+        b_ss = _all_reduce(dev.square().sum(dtype=f64).reshape(1), process_group)
         b_denom = b_cnt - 1 if std_unbiased else b_cnt
         b_std = torch.where(b_denom > 0, (b_ss / b_denom.clamp(min=1)).sqrt(), 0.0)
 
     # Centre.
     if mean_level is None:
-        centred = xd
+        centred = xf
     else:
         if mean_level == "batch":
             if mean_leave1out:
@@ -234,15 +235,15 @@ def normalize(
             else:
                 baseline = g_mean
                 no_peer = torch.zeros(n_seqs, dtype=torch.bool, device=x.device)
-        centred = torch.where(per_elem(no_peer), 0.0, xd - per_elem(baseline))
+        centred = torch.where(per_elem(no_peer), 0.0, xf - per_elem(baseline.to(torch.float32)))
 
     # Scale.
     if std_level is None:
         out = centred
     else:
         std = b_std.expand(n_seqs) if std_level == "batch" else g_std
-        out = centred / (per_elem(std) + eps)
-    return torch.where(valid, out, 0.0).to(torch.float32)
+        out = centred / (per_elem(std.to(torch.float32)) + eps)
+    return torch.where(valid, out, 0.0)
 
 
 def normalize_with(

@@ -15,10 +15,13 @@ keeps them with the behaviour weight clamped to `[lower or 0, upper]`. With `lev
 sequence` and `metric: ratio` the behaviour weight itself becomes the sequence's geometric
 mean ratio. IcePop is `metric: ratio, lower: 0.5, upper: 5`; KPop is `metric: binary_kl`
 (AReaL lists `binary_kl` among the choices but its validator rejects it, so its KPop preset
-cannot load; here it runs).
+cannot load; here it runs). `lower` is ignored with `binary_kl`.
 
-M2PO (second-moment trust): with M2_t = (log π_θ(t) - log π_behave(t))^2, drop the tokens
-with the largest M2_t until the mean M2 over the remaining tokens is <= `m2_threshold`.
+M2PO (second-moment trust): with M2_t = (log π_prox(t) - log π_behave(t))^2 (the paper's
+π_θ/π_behave at the start of the step, when π_θ = π_prox; fixed for the whole step), drop
+the tokens with the largest M2_t until the mean M2 over the remaining tokens is
+<= `m2_threshold`. M2PO bounds staleness instead of the per-step move, so its presets run
+one minibatch, where the PPO clip never binds.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from .checks import require_finite
 from .kl import KL_ESTIMATORS, binary_kl_symmetric
 from .layout import SeqLayout, layout_of, seq_broadcast, seq_max, seq_sum
 from .stats import scalar
@@ -93,14 +97,12 @@ def check_rejection_spec(spec: RejectionLike) -> None:
             raise ValueError(
                 f"rejection_sampling.upper must be > 1 for metric='ratio', got {spec.upper}"
             )
-        if spec.lower is not None and spec.lower <= 0:
+        if spec.lower is not None and spec.lower < 0:
             raise ValueError(
-                f"rejection_sampling.lower must be > 0 for metric='ratio', got {spec.lower}"
+                f"rejection_sampling.lower must be >= 0 for metric='ratio', got {spec.lower}"
             )
     if spec.metric in ("kl_k2", "kl_k3", "binary_kl") and spec.upper <= 0:
         raise ValueError(f"rejection_sampling.upper must be > 0 for metric={spec.metric!r}")
-    if spec.metric == "binary_kl" and spec.lower is not None:
-        raise ValueError("rejection_sampling.lower is not used with metric='binary_kl'; remove it")
 
 
 @dataclass
@@ -112,7 +114,8 @@ class RejectionResult:
 
 def _in_bounds(metric: Tensor, spec: RejectionLike) -> Tensor:
     ok = metric <= spec.upper
-    if spec.lower is not None:
+    # binary_kl has no lower bound (AReaL ignores `lower` there; so does Flywheel).
+    if spec.lower is not None and spec.metric != "binary_kl":
         ok = ok & (metric >= spec.lower)
     return ok
 
@@ -139,10 +142,7 @@ def apply_rejection_sampling(
     mask = loss_mask.to(torch.bool)
     prox = proximal_logprobs.detach().to(torch.float32)
     behave = behave_logprobs.detach().to(torch.float32)
-    for name, t in (("proximal_logprobs", prox), ("behave_logprobs", behave)):
-        bad = mask & ~torch.isfinite(t)
-        if bool(bad.any()):
-            raise ValueError(f"{name} has {int(bad.sum())} NaN/Inf values on generated tokens")
+    require_finite(mask, proximal_logprobs=prox, behave_logprobs=behave)
     log_r = torch.where(mask, prox - behave, 0.0)
     weight = torch.exp(log_r)
 

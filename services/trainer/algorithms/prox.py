@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from .checks import require_finite
 from .stats import (
     PROX_APPROX_METHODS,
     masked_mean,
@@ -119,16 +120,6 @@ class ProxResult:
     stats: dict[str, Tensor] = field(default_factory=dict)
 
 
-def _check_finite(name: str, t: Tensor, mask: Tensor) -> None:
-    bad = mask & ~torch.isfinite(t)
-    if bool(bad.any()):
-        raise ValueError(
-            f"{name} has {int(bad.sum())} NaN/Inf values on generated tokens; the proximal "
-            "log-probability cannot be formed (check the rollout engine's logprobs and the "
-            "trainer's forward pass)"
-        )
-
-
 def _errors(approx: Tensor, truth: Tensor, mask: Tensor, prefix: str) -> dict[str, Tensor]:
     diff = approx - truth
     rel = diff.abs() / truth.abs().clamp(min=1e-8)
@@ -186,7 +177,7 @@ def compute_prox_logp(
                 "prox_logp_method='reuse_train_logp' needs ppo_n_minibatches=1: with more "
                 f"minibatches (got {ppo_n_minibatches}) π_θ has moved away from π_prox"
             )
-        _check_finite("theta_logprobs", theta_logprobs, mask)
+        require_finite(mask, theta_logprobs=theta_logprobs)
         return ProxResult(theta_logprobs.detach().clone(), stats)
 
     if method in ("recompute", "metrics"):
@@ -194,7 +185,7 @@ def compute_prox_logp(
             raise ValueError(
                 f"prox_logp_method={method!r} needs recomputed_logprobs (a forward with W_v)"
             )
-        _check_finite("recomputed_logprobs", recomputed_logprobs, mask)
+        require_finite(mask, recomputed_logprobs=recomputed_logprobs)
         truth = recomputed_logprobs.detach().to(torch.float32)
         if method == "recompute":
             return ProxResult(truth, stats)
@@ -204,8 +195,7 @@ def compute_prox_logp(
             f"prox_logp_method={method!r} needs behave_logprobs, versions and current_version"
         )
     generated = mask & (versions >= 0)
-    _check_finite("behave_logprobs", behave_logprobs, generated)
-    _check_finite("theta_logprobs", theta_logprobs, generated)
+    require_finite(generated, behave_logprobs=behave_logprobs, theta_logprobs=theta_logprobs)
     alpha = interpolation_alpha(versions, current_version, theta_version)
     stats["prox_alpha"] = masked_mean(alpha, generated)
 
@@ -213,7 +203,7 @@ def compute_prox_logp(
         approx = approximate_prox_logp(method, behave_logprobs, theta_logprobs, alpha)
         # Prompt tokens and padding keep the behaviour value (never used by the loss).
         approx = torch.where(generated, approx, behave_logprobs.detach().to(torch.float32))
-        _check_finite("the approximated log π_prox", approx, generated)
+        require_finite(generated, approximated_prox_logprobs=approx)
         return ProxResult(approx, stats)
 
     # metrics: recomputed truth, plus the error of each approximation against it.

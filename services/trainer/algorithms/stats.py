@@ -69,7 +69,7 @@ STATS: dict[str, tuple[str, str]] = {
         "high: too much stale data is thrown away",
     ),
     "m2po_masked_fraction": ("fraction of valid tokens masked by M2PO", "high: very stale data"),
-    "m2po_second_moment": ("mean (log pi_theta/pi_behave)^2 before M2PO masking", "—"),
+    "m2po_second_moment": ("mean (log pi_prox/pi_behave)^2 before M2PO masking", "—"),
     "sapo_gate": ("mean SAPO soft gate over valid tokens", "—"),
     "entropy": ("mean token entropy of pi_theta (when given)", "collapses: no exploration"),
     "staleness_avg": (
@@ -111,7 +111,7 @@ def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
     """Mean of `x` where `mask` is true (0 when nothing is valid), as a detached float."""
     m = mask.to(torch.bool)
     n = m.sum()
-    total = torch.where(m, x.detach().to(torch.float64), 0.0).sum()
+    total = torch.where(m, x.detach(), 0.0).sum(dtype=torch.float64)
     return (total / n.clamp(min=1)).to(torch.float32)
 
 

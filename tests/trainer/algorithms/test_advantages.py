@@ -67,7 +67,9 @@ def test_overlong_penalty_and_reward_shaping_hand_computed() -> None:
     )
     assert_close(pen, torch.tensor([0.0, -0.5, -1.0]), rtol=0, atol=0)
     # (r + bias) * scale, clipped: r=1 -> (1-0.5)*2 = 1 -> 0.8 ; r=0 -> -1 -> -0.8 ; r=0.6 -> 0.2
-    shaped = shape_rewards(torch.tensor([1.0, 0.0, 0.6]), reward_bias=-0.5, reward_scaling=2.0, reward_clip=0.8)
+    shaped = shape_rewards(
+        torch.tensor([1.0, 0.0, 0.6]), reward_bias=-0.5, reward_scaling=2.0, reward_clip=0.8
+    )
     assert_close(shaped, torch.tensor([0.8, -0.8, 0.2]), rtol=0, atol=1e-6)
     # in the pipeline: generated lengths 5 and 8, rewards 1 and 1 -> 1 and 0.5
     mask = torch.zeros(2, 9, dtype=torch.bool)
@@ -86,7 +88,9 @@ def test_overlong_penalty_and_reward_shaping_hand_computed() -> None:
     assert_close(res.stats["overlong_penalty"], torch.tensor(-0.25), rtol=0, atol=1e-6)
     with pytest.raises(ValueError, match="overlong_tokens, overlong_penalty_factor"):
         compute_advantages(
-            rewards=torch.ones(2), loss_mask=mask, no_eos=torch.zeros(2, dtype=torch.bool),
+            rewards=torch.ones(2),
+            loss_mask=mask,
+            no_eos=torch.zeros(2, dtype=torch.bool),
             overlong_reward_penalty=True,
         )
 
@@ -108,7 +112,10 @@ def test_truncation_comes_from_the_no_eos_flag_not_the_padding() -> None:
     assert_close(res.stats["no_eos_ratio"], torch.tensor(0.5), rtol=0, atol=0)
     with pytest.raises(ValueError, match="bootstrap_values .* are required"):
         compute_advantages(
-            rewards=torch.zeros(2), loss_mask=mask, no_eos=torch.tensor([False, True]), values=values
+            rewards=torch.zeros(2),
+            loss_mask=mask,
+            no_eos=torch.tensor([False, True]),
+            values=values,
         )
 
 

@@ -6,7 +6,12 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from services.trainer.algorithms.gae import gae_token_level, gae_turn_level, turn_slots
+from services.trainer.algorithms.gae import (
+    discounted_reverse_cumsum,
+    gae_token_level,
+    gae_turn_level,
+    turn_slots,
+)
 from services.trainer.algorithms.gae_lambda import GAE_LAMBDA_FNS, resolve_gae_lambda
 from services.trainer.algorithms.registry import RegistryError
 
@@ -63,7 +68,7 @@ def test_gae_gamma_lambda_one_without_critic_broadcasts_the_outcome() -> None:
     assert_close(ret, expected, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (8, 33), (5, 64)])
+@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (8, 33), (5, 64), (3, 150), (2, 700)])
 def test_token_gae_matches_plain_loop(shape: tuple[int, int], gen: torch.Generator) -> None:
     b, t = shape
     rewards = torch.randn(b, t, generator=gen)
@@ -87,6 +92,19 @@ def test_token_gae_matches_plain_loop(shape: tuple[int, int], gen: torch.Generat
         assert_close(ret[i], torch.tensor(g_ref), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("factor", [0.0, 0.3, 0.999, 1.0])
+def test_discounted_reverse_cumsum_long_rows(factor: float, gen: torch.Generator) -> None:
+    # Longer than many chunks, with factors that would underflow a closed-form power sum.
+    x = torch.randn(2, 1000, generator=gen, dtype=torch.float64)
+    got = discounted_reverse_cumsum(x, torch.full((2,), factor, dtype=torch.float64))
+    expected = torch.empty_like(x)
+    acc = torch.zeros(2, dtype=torch.float64)
+    for t in range(999, -1, -1):
+        acc = x[:, t] + factor * acc
+        expected[:, t] = acc
+    assert_close(got, expected, rtol=1e-10, atol=1e-10)
+
+
 def test_turn_gae_hand_computed() -> None:
     # Two turns of two tokens; values at the first token of each turn are 0.5 and 0.3.
     rewards = torch.tensor([[0.0, 0.0, 0.0, 1.0]])
@@ -94,9 +112,7 @@ def test_turn_gae_hand_computed() -> None:
     turn_ids = torch.tensor([[0, 0, 1, 1]])
     values = torch.tensor([[0.5, 0.9, 0.3, 0.7]])
     # u1: δ = 1 - 0.3 = 0.7, A1 = 0.7; u0: δ = 0.9*0.3 - 0.5 = -0.23, A0 = -0.23 + 0.72*0.7 = 0.274
-    adv, ret = gae_turn_level(
-        rewards, mask, turn_ids, discount=0.9, gae_lambda=0.8, values=values
-    )
+    adv, ret = gae_turn_level(rewards, mask, turn_ids, discount=0.9, gae_lambda=0.8, values=values)
     assert_close(adv, torch.tensor([[0.274, 0.274, 0.7, 0.7]]), rtol=0, atol=1e-6)
     # G = A_u + V_u: 0.774 and 1.0
     assert_close(ret, torch.tensor([[0.774, 0.774, 1.0, 1.0]]), rtol=0, atol=1e-6)
@@ -128,9 +144,7 @@ def test_turn_gae_matches_plain_loop(shape: tuple[int, int], gen: torch.Generato
     # Turns of random lengths with gaps in the numbering (gaps take no step).
     turn = torch.cumsum((torch.rand(b, t, generator=gen) < 0.3).long(), dim=1) * 2
     turn_ids = torch.where(mask, turn, -1)
-    adv, ret = gae_turn_level(
-        rewards, mask, turn_ids, discount=0.9, gae_lambda=0.7, values=values
-    )
+    adv, ret = gae_turn_level(rewards, mask, turn_ids, discount=0.9, gae_lambda=0.7, values=values)
     for i in range(b):
         a_ref, g_ref = ref.turn_gae_sequence(
             rewards[i].tolist(),

@@ -66,9 +66,7 @@ def test_ratio_one_gives_minus_token_mean_advantage(gen: torch.Generator) -> Non
     mask = torch.rand(5, 7, generator=gen) < 0.6
     for surrogate in ("clip", "sapo", "cispo"):
         lp = logp.clone().requires_grad_(True)
-        loss, stats = ppo_actor_loss(
-            lp, logp, adv, mask, surrogate=surrogate, eps_clip_higher=0.28
-        )
+        loss, stats = ppo_actor_loss(lp, logp, adv, mask, surrogate=surrogate, eps_clip_higher=0.28)
         expected = -(adv * mask).sum() / mask.sum()
         if surrogate == "sapo":
             # SAPO at ρ=1 is (4/τ)σ(0) = 2/τ times the advantage: τ_pos=1 -> 2, τ_neg=1.05
@@ -169,7 +167,9 @@ def test_gspo_sequence_ratio_hand_computed() -> None:
     g = -math.sqrt(0.99)
     assert_close(logp.grad, torch.tensor([[g, g, 0.0]]), rtol=0, atol=1e-6)
     with pytest.raises(ValueError, match="token-level only"):
-        ppo_actor_loss(logp, prox, adv, mask, surrogate="cispo", importance_sampling_level="sequence")
+        ppo_actor_loss(
+            logp, prox, adv, mask, surrogate="cispo", importance_sampling_level="sequence"
+        )
 
 
 def test_decoupled_loss_multiplies_by_behaviour_weight() -> None:
@@ -256,14 +256,19 @@ OPTION_SETS = [
         "rejection_sampling": RejectionSpec(level="sequence", metric="kl_k3", upper=0.05),
     },
     {"use_decoupled_loss": True, "rejection_sampling": RejectionSpec(action="clamp", upper=1.2)},
-    {"use_decoupled_loss": True, "rejection_sampling": RejectionSpec(metric="binary_kl", upper=0.05)},
+    {
+        "use_decoupled_loss": True,
+        "rejection_sampling": RejectionSpec(metric="binary_kl", upper=0.05),
+    },
     {"m2_threshold": 0.05},
     {"loss_agg_mode": "seq-mean-token-mean"},
     {"loss_agg_mode": "seq-mean-token-sum-norm", "loss_agg_norm": 16.0},
 ]
 
 
-@pytest.mark.parametrize("options", OPTION_SETS, ids=lambda o: ",".join(f"{k}" for k in o) or "default")
+@pytest.mark.parametrize(
+    "options", OPTION_SETS, ids=lambda o: ",".join(f"{k}" for k in o) or "default"
+)
 def test_packed_layout_equals_padded(options: dict, gen: torch.Generator) -> None:
     data = _random_batch(gen)
     valid, lengths = data.pop("valid"), data.pop("lengths")
@@ -286,7 +291,9 @@ def test_packed_layout_equals_padded(options: dict, gen: torch.Generator) -> Non
     check_stat_names(st_pad)
 
 
-@pytest.mark.parametrize("options", OPTION_SETS, ids=lambda o: ",".join(f"{k}" for k in o) or "default")
+@pytest.mark.parametrize(
+    "options", OPTION_SETS, ids=lambda o: ",".join(f"{k}" for k in o) or "default"
+)
 def test_masked_positions_never_leak(options: dict, gen: torch.Generator) -> None:
     data = _random_batch(gen)
     data.pop("valid"), data.pop("lengths")
@@ -355,7 +362,9 @@ def test_critic_loss_value_clipping_hand_computed() -> None:
     # V=0.2, old=1, G=1: unclipped ½*0.64 = 0.32; clipped V=0.5 -> 0.125 -> 0.32
     # Target between: V=3, old=0, G=2: unclipped 0.5, clipped V=0.5 -> ½*2.25 = 1.125 binds
     v = torch.tensor([[3.0]], requires_grad=True)
-    loss, stats = critic_loss(v, torch.zeros(1, 1), torch.tensor([[2.0]]), torch.ones(1, 1, dtype=torch.bool))
+    loss, stats = critic_loss(
+        v, torch.zeros(1, 1), torch.tensor([[2.0]]), torch.ones(1, 1, dtype=torch.bool)
+    )
     assert_close(loss, torch.tensor(1.125), rtol=0, atol=1e-6)
     assert stats["value_clip_ratio"] == 1
     loss.backward()
@@ -367,7 +376,9 @@ def test_critic_huber_hand_computed() -> None:
     values = torch.tensor([[0.5, 4.0]], requires_grad=True)
     ret = torch.zeros(1, 2)
     mask = torch.ones(1, 2, dtype=torch.bool)
-    loss, _ = critic_loss(values, values.detach(), ret, mask, eps_clip=None, value_loss="huber", huber_delta=1.0)
+    loss, _ = critic_loss(
+        values, values.detach(), ret, mask, eps_clip=None, value_loss="huber", huber_delta=1.0
+    )
     # |d|=0.5 < 1: ½*0.25 = 0.125 ; |d|=4: 1*(4 - 0.5) = 3.5 ; mean = 1.8125
     assert_close(loss, torch.tensor(1.8125), rtol=0, atol=1e-6)
     with pytest.raises(ValueError, match="value_loss must be"):

@@ -35,14 +35,10 @@ def test_grpo_group_normalisation_hand_computed() -> None:
 def test_rloo_leave_one_out_and_group_of_one_gives_zero() -> None:
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 7.0])
     ids = [0, 0, 0, 1, 1, 2]  # group 2 has a single sample
-    out = normalize(
-        rewards, mean_level="group", std_level=None, mean_leave1out=True, group_ids=ids
-    )
+    out = normalize(rewards, mean_level="group", std_level=None, mean_leave1out=True, group_ids=ids)
     # a: 1 - (0+0)/2 = 1 ; 0 - (1+0)/2 = -0.5 (twice); b: 1 - 1 = 0; group of one: 0
     assert_close(out, torch.tensor([1.0, -0.5, -0.5, 0.0, 0.0, 0.0]), rtol=0, atol=1e-7)
-    single = normalize(
-        torch.tensor([3.0]), mean_level="batch", std_level=None, mean_leave1out=True
-    )
+    single = normalize(torch.tensor([3.0]), mean_level="batch", std_level=None, mean_leave1out=True)
     assert single.tolist() == [0.0]
 
 

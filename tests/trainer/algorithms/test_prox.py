@@ -124,7 +124,12 @@ def test_linear_and_rollout_hand_computed() -> None:
         current_version=5,
         recomputed_logprobs=torch.log(torch.tensor([0.4])),
     )
-    assert_close(res.stats["prox_approx/rollout/logp_abs_error"], torch.tensor(math.log(2)), rtol=0, atol=1e-6)
+    assert_close(
+        res.stats["prox_approx/rollout/logp_abs_error"],
+        torch.tensor(math.log(2)),
+        rtol=0,
+        atol=1e-6,
+    )
     ll = 0.5 * (math.log(0.2) + math.log(0.6))
     assert_close(
         res.stats["prox_approx/loglinear/logp_abs_error"],
@@ -132,10 +137,15 @@ def test_linear_and_rollout_hand_computed() -> None:
         rtol=0,
         atol=1e-6,
     )
-    assert_close(res.stats["prox_approx/linear/logp_sq_error"], torch.tensor(0.0), rtol=0, atol=1e-10)
+    assert_close(
+        res.stats["prox_approx/linear/logp_sq_error"], torch.tensor(0.0), rtol=0, atol=1e-10
+    )
     # behaviour weight of the rollout approximation is 1, the truth is 0.4/0.2 = 2 -> |1-2| = 1
     assert_close(
-        res.stats["prox_approx/rollout/behave_imp_weight_abs_error"], torch.tensor(1.0), rtol=0, atol=1e-6
+        res.stats["prox_approx/rollout/behave_imp_weight_abs_error"],
+        torch.tensor(1.0),
+        rtol=0,
+        atol=1e-6,
     )
 
 

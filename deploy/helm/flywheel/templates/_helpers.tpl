@@ -136,6 +136,7 @@ app.kubernetes.io/part-of: flywheel
   "trainer" (dict
       "n_ranks" (mul .Values.trainer.nodes .Values.trainer.nprocPerNode)
       "backend" .Values.trainer.backend
+      "device" (ternary "cuda" "auto" (eq .Values.trainer.backend "nccl"))
       "weight_transport" (ternary "disk" .Values.trainer.weightTransport .Values.rollout.autoscaling.enabled)
       "master_addr" (include "flywheel.trainerMaster" .)
       "master_port" (int .Values.trainer.rendezvousPort))

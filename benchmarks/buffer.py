@@ -1,0 +1,256 @@
+"""Buffer throughput and latency through gRPC, beside raw Redis moving the same bytes.
+
+One run starts a real `redis-server` (AOF everysec, as deployed) and the buffer as its own
+process (`python -m services.buffer`), then measures from this client process, in
+`--rounds` rounds that interleave the two sides so both meet the same machine load:
+
+- Put: `--groups` groups of `--samples` x `--tokens` tokens, `--concurrency` puts in flight;
+- raw write: redis-py pipelines SETting the same serialized group bytes, `--batch` a pipeline;
+- Claim+Ack: batches of `--batch` groups claimed, then acknowledged, as a trainer does;
+- raw read: redis-py pipelines GETting and DELeting them, `--batch` a pipeline.
+
+`throughput_ratio_vs_raw_redis` is the median over rounds of the round-trip rate (put, then
+claim and ack: 1 / (1/put + 1/claim)) divided by raw Redis's (write, then read). Because
+shared machines are noisy, the CPU time each path costs per group (client + buffer +
+redis-server processes, from /proc) is reported too; it does not depend on other load.
+Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import redis
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from services.buffer.client import BufferClient  # noqa: E402
+from services.common.codec import Trajectory, TrajectoryGroup, group_to_proto  # noqa: E402
+from services.common.grpc_client import wait_for_health  # noqa: E402
+from services.common.redis_server import RedisServer, free_port  # noqa: E402
+
+
+def make_group(gid: str, samples: int, tokens: int, rng: np.random.Generator) -> TrajectoryGroup:
+    prompt = tokens // 4
+    trajectories = [
+        Trajectory(
+            trajectory_id=f"t{i}",
+            group_id=gid,
+            input_ids=rng.integers(0, 150_000, tokens),
+            loss_mask=np.r_[np.zeros(prompt), np.ones(tokens - prompt)].astype(np.int8),
+            logprobs=np.r_[np.zeros(prompt), -rng.random(tokens - prompt)].astype(np.float32),
+            versions=np.r_[np.full(prompt, -1), np.zeros(tokens - prompt)].astype(np.int64),
+            reward=float(i % 2),
+            no_eos=False,
+            prompt_len=prompt,
+        )
+        for i in range(samples)
+    ]
+    return TrajectoryGroup(group_id=gid, trajectories=trajectories)
+
+
+def pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(xs) * 1000.0, q))
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU of this process and of `pids` (all their threads), from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = sum(os.times()[:2])
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total
+
+
+async def buffer_put(client: BufferClient, messages: list, concurrency: int) -> list[float]:
+    queue = list(messages)
+    latencies: list[float] = []
+
+    async def putter() -> None:
+        while queue:
+            msg = queue.pop()
+            t0 = time.perf_counter()
+            r = await client.put(msg)
+            latencies.append(time.perf_counter() - t0)
+            assert r.result == "admitted", r
+
+    await asyncio.gather(*(putter() for _ in range(concurrency)))
+    return latencies
+
+
+async def buffer_claim_ack(client: BufferClient, n: int, batch: int) -> list[float]:
+    latencies: list[float] = []
+    got = 0
+    while got < n:
+        t0 = time.perf_counter()
+        out = await client.claim(min(batch, n - got), consumer_id="bench")
+        await client.ack(out.group_ids)
+        latencies.append(time.perf_counter() - t0)
+        got += len(out)
+    return latencies
+
+
+def raw_write(r: redis.Redis, keys: list[str], payloads: list[bytes], batch: int) -> None:
+    for i in range(0, len(keys), batch):
+        pipe = r.pipeline(transaction=False)
+        for k, p in zip(keys[i : i + batch], payloads[i : i + batch], strict=True):
+            pipe.set(k, p)
+        pipe.execute()
+
+
+def raw_read(r: redis.Redis, keys: list[str], batch: int) -> None:
+    for i in range(0, len(keys), batch):
+        pipe = r.pipeline(transaction=False)
+        for k in keys[i : i + batch]:
+            pipe.get(k)
+            pipe.delete(k)
+        res = pipe.execute()
+        assert all(x is not None for x in res[0::2])
+
+
+def round_trip(a: float, b: float) -> float:
+    """Groups/s of doing a then b for every group: 1 / (1/a + 1/b)."""
+    return 1.0 / (1.0 / a + 1.0 / b)
+
+
+async def run_rounds(address: str, redis_url: str, pids: list[int], base: list, args) -> dict:  # noqa: ANN001
+    """Every round: buffer put, raw write, buffer claim+ack, raw read, each timed and costed."""
+    rates: dict[str, list[float]] = {k: [] for k in ("put", "write", "claim", "read", "ratio")}
+    cpu: dict[str, list[float]] = {k: [] for k in ("put", "write", "claim", "read")}
+    put_lat: list[float] = []
+    claim_lat: list[float] = []
+    raw = redis.Redis.from_url(redis_url)
+    n = args.groups
+    async with BufferClient(address, timeout=60) as client:
+        await buffer_put(client, [_renamed(base[0], "warm")], 1)  # channel and scripts warm
+        await buffer_claim_ack(client, 1, 1)
+        for rnd in range(args.rounds):
+            msgs = [_renamed(base[i % len(base)], f"r{rnd}-{i}") for i in range(n)]
+            payloads = [m.SerializeToString() for m in msgs]
+            keys = [f"raw:{rnd}:{i}" for i in range(n)]
+            phases = {
+                "put": partial(buffer_put, client, msgs, args.concurrency),
+                "write": partial(asyncio.to_thread, raw_write, raw, keys, payloads, args.batch),
+                "claim": partial(buffer_claim_ack, client, n, args.batch),
+                "read": partial(asyncio.to_thread, raw_read, raw, keys, args.batch),
+            }
+            for name, phase in phases.items():
+                c0, t0 = cpu_seconds(pids), time.perf_counter()
+                lat = await phase()
+                rates[name].append(n / (time.perf_counter() - t0))
+                cpu[name].append((cpu_seconds(pids) - c0) / n)
+                if name == "put":
+                    put_lat += lat
+                elif name == "claim":
+                    claim_lat += lat
+            rates["ratio"].append(
+                round_trip(rates["put"][-1], rates["claim"][-1])
+                / round_trip(rates["write"][-1], rates["read"][-1])
+            )
+        stats = await client.stats()
+        assert stats.invariant_ok and stats.pending == stats.in_flight == 0
+        assert stats.acked_total == args.rounds * n + 1
+    raw.close()
+    return {"rates": rates, "cpu": cpu, "put_lat": put_lat, "claim_lat": claim_lat}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--groups", type=int, default=100, help="groups per round")
+    parser.add_argument("--rounds", type=int, default=6, help="interleaved buffer/raw rounds")
+    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=1024)
+    parser.add_argument("--batch", type=int, default=8, help="groups per claim / per pipeline")
+    parser.add_argument("--concurrency", type=int, default=8, help="puts in flight")
+    args = parser.parse_args()
+
+    rng = np.random.default_rng(0)
+    # Encoded once, as raw Redis gets its bytes ready-made: both sides move the same bytes.
+    base = [group_to_proto(make_group("", args.samples, args.tokens, rng)) for _ in range(16)]
+    with tempfile.TemporaryDirectory() as tmp, RedisServer(dir=Path(tmp) / "redis") as rs:
+        port = free_port()
+        cfg = Path(tmp) / "buffer.yaml"
+        cfg.write_text(
+            yaml.safe_dump(
+                {
+                    "experiment_name": "bench",
+                    "cluster": {"fileroot": tmp},
+                    "actor": {"kl_ctl": 0.0},
+                    "rollout": {"max_head_offpolicyness": 1000, "consumer_batch_size": args.batch},
+                    "buffer": {
+                        "redis_url": rs.url,
+                        "max_stored_groups": args.groups + 10,
+                        "max_stored_bytes": 4 << 30,
+                    },
+                    "services": {"buffer": {"port": port}, "auth_token": None},
+                }
+            )
+        )
+        cmd = [sys.executable, "-m", "services.buffer", "--config", str(cfg)]
+        proc = subprocess.Popen([*cmd, "--log-level", "WARNING"], cwd=ROOT)
+        try:
+            asyncio.run(wait_for_health(f"127.0.0.1:{port}", timeout=60))
+            assert rs.proc is not None
+            res = asyncio.run(
+                run_rounds(f"127.0.0.1:{port}", rs.url, [proc.pid, rs.proc.pid], base, args)
+            )
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+    med = statistics.median
+    r, c = res["rates"], res["cpu"]
+    put, claim, write, read = (med(r[k]) for k in ("put", "claim", "write", "read"))
+    buffer_cpu = med(c["put"]) + med(c["claim"])
+    raw_cpu = med(c["write"]) + med(c["read"])
+    line = {
+        "bench": "buffer",
+        "groups_per_round": args.groups,
+        "rounds": args.rounds,
+        "group_shape": f"{args.samples}x{args.tokens}",
+        "group_bytes": int(statistics.mean(m.ByteSize() for m in base)),
+        "concurrency": args.concurrency,
+        "batch": args.batch,
+        "put_groups_per_s": round(put, 1),
+        "put_p50_ms": round(pct(res["put_lat"], 50), 2),
+        "put_p99_ms": round(pct(res["put_lat"], 99), 2),
+        "claim_ack_groups_per_s": round(claim, 1),
+        "claim_ack_p50_ms": round(pct(res["claim_lat"], 50), 2),
+        "claim_ack_p99_ms": round(pct(res["claim_lat"], 99), 2),
+        "raw_write_groups_per_s": round(write, 1),
+        "raw_read_groups_per_s": round(read, 1),
+        "buffer_round_trip_groups_per_s": round(round_trip(put, claim), 1),
+        "raw_round_trip_groups_per_s": round(round_trip(write, read), 1),
+        "throughput_ratio_vs_raw_redis": round(med(r["ratio"]), 3),
+        "throughput_ratio_per_round": [round(x, 3) for x in r["ratio"]],
+        "buffer_cpu_ms_per_group": round(buffer_cpu * 1000, 3),
+        "raw_cpu_ms_per_group": round(raw_cpu * 1000, 3),
+        "cpu_ratio_raw_vs_buffer": round(raw_cpu / buffer_cpu, 3),
+        "load_average_1m": round(os.getloadavg()[0], 2),
+    }
+    print(json.dumps(line))
+
+
+def _renamed(msg, group_id: str):  # noqa: ANN001, ANN202 - protobuf message in and out
+    out = type(msg)()
+    out.CopyFrom(msg)
+    out.group_id = group_id
+    return out
+
+
+if __name__ == "__main__":
+    main()

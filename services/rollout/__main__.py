@@ -1,0 +1,55 @@
+"""`python -m services.rollout --config FILE [--replica-index I] [--eval-only] [key=value ...]`.
+
+Serves `flywheel.v1.RolloutService` for replica I (`services.rollout.replica_port(I)`, rollout_id
+`rollout-I`) and runs the data loop (reserve capacity, generate, score, put) unless
+`--eval-only` (Generate and weight updates only: no buffer or reward needed, used by
+`flywheel eval`). SIGTERM: NOT_SERVING, groups in flight finish and are put, exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from services.common.config import ConfigError, load_config
+from services.common.logs import setup_logging
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m services.rollout",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--config", help="experiment YAML (defaults when omitted)")
+    parser.add_argument("--replica-index", type=int, default=0, help="replica number I (>= 0)")
+    parser.add_argument("--eval-only", action="store_true", help="serve generation only")
+    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.engine=torch")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    setup_logging("rollout", args.log_level)
+    if args.replica_index < 0:
+        print(f"--replica-index={args.replica_index}: must be >= 0", file=sys.stderr)
+        return 2
+    try:
+        cfg = load_config(args.config, list(args.overrides))
+        from services.rollout.service import RolloutService
+
+        service = RolloutService(cfg, replica_index=args.replica_index, eval_only=args.eval_only)
+    except (ConfigError, ValueError) as err:
+        print(err, file=sys.stderr)
+        return 2
+    import torch
+
+    torch.set_num_threads(max(1, int(getattr(cfg.rollout, "torch_num_threads", 0) or 1)))
+    asyncio.run(service.serve_forever())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

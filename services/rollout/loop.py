@@ -1,0 +1,283 @@
+"""The rollout loop: reserve capacity, run a workflow episode, put the group, repeat.
+
+Per group:
+1. reserve one unit of capacity from the buffer (the staleness budget: the buffer grants
+   only while the groups in flight cannot become older than `max_head_offpolicyness`);
+   nothing granted -> wait `retry_after_ms` and ask again;
+2. take the next prompt and run `workflow.arun_episode(engine, data)` (bounded by
+   `request_timeout`);
+3. stamp ids (a fresh group id, `group_id/i` trajectory ids, reservation, replica) and put
+   it; transient put failures are retried with the *same* group id (the buffer dedups);
+4. on any failure release the reservation so capacity does not leak.
+
+At most `max_concurrent_rollouts` groups are in flight. `pause()` (from the trainer) stops
+starting groups and holds the engine between decode steps; `drain()` (SIGTERM) stops
+starting groups and waits for those in flight to finish and be put.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.common.codec import TrajectoryGroup
+from services.rollout.data.datasets import PromptDataset
+from services.rollout.engine.base import InferenceEngine
+from services.rollout.metrics import RolloutMetrics
+from services.rollout.workflows.base import RolloutWorkflow
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LoopStats:
+    groups_started: int = 0
+    groups_produced: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)
+
+    def reject(self, reason: str) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+
+
+class RolloutLoop:
+    def __init__(
+        self,
+        *,
+        engine: InferenceEngine,
+        workflow: RolloutWorkflow,
+        dataset: PromptDataset,
+        buffer: Any,
+        rollout_id: str,
+        max_concurrent: int,
+        request_timeout: float = 3600.0,
+        put_retries: int = 5,
+        metrics: RolloutMetrics | None = None,
+        check_trajectory_format: bool = False,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        if max_concurrent < 1:
+            raise ValueError(f"max_concurrent_rollouts={max_concurrent}: must be >= 1")
+        self.engine = engine
+        self.workflow = workflow
+        self.dataset = dataset
+        self.buffer = buffer
+        self.rollout_id = rollout_id
+        self.max_concurrent = max_concurrent
+        self.request_timeout = request_timeout
+        self.put_retries = put_retries
+        self.metrics = metrics
+        self.check_trajectory_format = check_trajectory_format
+        self.stats = LoopStats()
+        self._sleep = sleep
+        self._slots = asyncio.Semaphore(max_concurrent)
+        self._running = asyncio.Event()
+        self._running.set()
+        self._draining = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._main: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+
+    # ---------------------------------------------------------------- control
+
+    @property
+    def paused(self) -> bool:
+        return not self._running.is_set()
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    @property
+    def groups_in_flight(self) -> int:
+        return len(self._tasks)
+
+    async def pause(self) -> None:
+        self._running.clear()
+        await self.engine.pause()
+
+    async def resume(self) -> None:
+        await self.engine.resume()
+        self._running.set()
+
+    def start(self) -> asyncio.Task[None]:
+        self._main = asyncio.create_task(self.run(), name="rollout-loop")
+        return self._main
+
+    async def drain(self, timeout: float = 60.0) -> None:
+        """Start no new groups; let those in flight finish (engine resumed), then stop."""
+        self._draining = True
+        self._wake.set()
+        self._running.set()
+        await self.engine.resume()
+        if self._tasks:
+            _, pending = await asyncio.wait(set(self._tasks), timeout=timeout)
+            if pending:
+                log.warning("drain timed out; aborting groups in flight", extra={"n": len(pending)})
+                await self.engine.abort_all()
+                await asyncio.wait(pending, timeout=10.0)
+        if self._main is not None:
+            self._main.cancel()
+            await asyncio.gather(self._main, return_exceptions=True)
+
+    # ------------------------------------------------------------------- loop
+
+    async def release_stale_reservations(self) -> None:
+        """A restarted replica gives back what its previous incarnation reserved."""
+        release = getattr(self.buffer, "release", None)
+        if release is None or "rollout_id" not in inspect.signature(release).parameters:
+            log.info("buffer client cannot release by rollout_id; relying on reservation expiry")
+            return
+        try:
+            n = await release([], rollout_id=self.rollout_id)
+            if n:
+                log.info("released reservations of a previous run", extra={"released": n})
+        except Exception as exc:  # noqa: BLE001 - best effort at start-up
+            log.warning("could not release previous reservations", extra={"error": str(exc)})
+
+    async def run(self) -> None:
+        await self.release_stale_reservations()
+        while not self._draining:
+            await self._running.wait()
+            if self._draining:
+                break
+            await self._slots.acquire()
+            if self._draining:
+                self._slots.release()
+                break
+            try:
+                reservation = await self.buffer.reserve(1, rollout_id=self.rollout_id)
+            except asyncio.CancelledError:
+                self._slots.release()
+                raise
+            except Exception as exc:  # noqa: BLE001 - buffer down: back off and retry
+                self._slots.release()
+                log.warning("capacity reservation failed", extra={"error": str(exc)})
+                await self._wait(1.0)
+                continue
+            if not reservation.reservation_ids:
+                self._slots.release()
+                await self._wait(max(reservation.retry_after_ms, 10) / 1000.0)
+                continue
+            if self._draining or not self._running.is_set():
+                await self._release(reservation.reservation_ids)
+                self._slots.release()
+                continue
+            row = self.dataset.next()
+            self.stats.groups_started += 1
+            task = asyncio.create_task(self._episode(row.as_data(), reservation.reservation_ids[0]))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            self._set_gauges()
+
+    async def _wait(self, seconds: float) -> None:
+        """Sleep, but wake early on drain."""
+        self._wake.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout=seconds)
+
+    def _set_gauges(self) -> None:
+        if self.metrics is not None:
+            self.metrics.groups_in_flight.set(len(self._tasks))
+
+    def _reject(self, reason: str) -> None:
+        self.stats.reject(reason)
+        if self.metrics is not None:
+            self.metrics.groups_rejected.labels(reason=reason).inc()
+
+    async def _release(self, reservation_ids: list[str]) -> None:
+        try:
+            await self.buffer.release(reservation_ids)
+        except Exception as exc:  # noqa: BLE001 - the buffer expires reservations anyway
+            log.warning("could not release reservation", extra={"error": str(exc)})
+
+    async def _episode(self, data: dict[str, Any], reservation_id: str) -> None:
+        group_id = uuid.uuid4().hex
+        try:
+            try:
+                group = await asyncio.wait_for(
+                    self.workflow.arun_episode(self.engine, data), timeout=self.request_timeout
+                )
+            except TimeoutError:
+                self._reject("timeout")
+                await self._release([reservation_id])
+                return
+            except asyncio.CancelledError:
+                await self._release([reservation_id])
+                raise
+            except Exception as exc:  # noqa: BLE001 - one bad episode must not stop the loop
+                log.exception("episode failed", extra={"prompt_id": data.get("prompt_id")})
+                self._reject("reward_unavailable" if "Reward" in type(exc).__name__ else "error")
+                await self._release([reservation_id])
+                return
+            if group is None:
+                self._reject("workflow_skipped")
+                await self._release([reservation_id])
+                return
+            self._stamp(group, group_id, reservation_id)
+            if self.check_trajectory_format:
+                try:
+                    _check_group(group)
+                except ValueError as exc:
+                    log.warning("workflow output malformed", extra={"error": str(exc)})
+                    self._reject("invalid")
+                    await self._release([reservation_id])
+                    return
+            if self.metrics is not None:
+                for t in group.trajectories:
+                    self.metrics.observe_completion(t.stop_reason)
+            await self._put(group)
+        finally:
+            self._slots.release()
+            self._set_gauges()
+
+    def _stamp(self, group: TrajectoryGroup, group_id: str, reservation_id: str) -> None:
+        group.group_id = group_id
+        group.reservation_id = reservation_id
+        group.rollout_id = self.rollout_id
+        for i, t in enumerate(group.trajectories):
+            t.group_id = group_id
+            t.trajectory_id = f"{group_id}/{i}"
+
+    async def _put(self, group: TrajectoryGroup) -> None:
+        for attempt in range(self.put_retries + 1):
+            try:
+                result = await self.buffer.put(group, request_id=f"put-{group.group_id}")
+            except Exception as exc:  # noqa: BLE001 - classify below
+                invalid = type(exc).__name__ == "InvalidGroupError"
+                if invalid or attempt == self.put_retries:
+                    log.warning("put failed", extra={"group_id": group.group_id, "error": str(exc)})
+                    self._reject("invalid" if invalid else "put_failed")
+                    await self._release([group.reservation_id])
+                    return
+                await self._sleep(min(5.0, 0.2 * 2**attempt))
+                continue
+            if result.stored:
+                self.stats.groups_produced += 1
+                if self.metrics is not None:
+                    self.metrics.groups_produced.inc()
+                    rewards = group.rewards
+                    self.metrics.task_reward.set(sum(rewards) / max(len(rewards), 1))
+            else:
+                self._reject(result.result)
+            return
+
+
+def _check_group(group: TrajectoryGroup) -> None:
+    """Debug check of a custom workflow's output (rollout.check_trajectory_format)."""
+    for t in group.trajectories:
+        n = t.num_tokens
+        for name in ("loss_mask", "logprobs", "versions"):
+            if getattr(t, name).shape != (n,):
+                raise ValueError(
+                    f"trajectory {t.trajectory_id}: {name} is not aligned to input_ids"
+                )
+        if (t.versions[: t.prompt_len] != -1).any():
+            raise ValueError(f"trajectory {t.trajectory_id}: prompt tokens must carry version -1")
+        if t.loss_mask[: t.prompt_len].any():
+            raise ValueError(f"trajectory {t.trajectory_id}: prompt tokens must have loss_mask 0")

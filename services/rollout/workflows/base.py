@@ -1,0 +1,193 @@
+"""What every workflow shares: the episode contract, reward scoring, and trajectory building.
+
+A workflow turns one data row into one `TrajectoryGroup` (`n_samples` completions of one
+prompt) with `await workflow.arun_episode(engine, data)`, or returns None to skip the row
+(e.g. a reward failure under `on_failure: drop_group`). The loop owns ids, reservations and
+the buffer; the workflow only generates and scores. A user workflow is any class with that
+method, named by dotted path (`my_pkg.my_mod.MyWorkflow`), built as `cls(ctx, **kwargs)`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import numpy as np
+
+from services.common.codec import Trajectory, TrajectoryGroup
+from services.rollout.engine.base import InferenceEngine
+from services.rollout.types import Completion, SamplingParams
+
+
+@dataclass(frozen=True)
+class ScoreRequest:
+    """One completion to score, in the reward function's terms."""
+
+    completion: str
+    answer: str = ""
+    prompt: str = ""
+    prompt_ids: Sequence[int] = ()
+    completion_ids: Sequence[int] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ScoreResult:
+    reward: float
+    ok: bool = True
+    status: str = "OK"
+    message: str = ""
+
+
+class RewardScorer(Protocol):
+    async def score(self, items: Sequence[ScoreRequest]) -> list[ScoreResult]: ...
+
+
+class RewardServiceScorer:
+    """Scores through the reward service (`services.reward.client.RewardClient`)."""
+
+    def __init__(self, client: Any, *, fn: str = "", deadline_s: float | None = None) -> None:
+        self.client = client
+        self.fn = fn
+        self.deadline_s = deadline_s
+
+    async def score(self, items: Sequence[ScoreRequest]) -> list[ScoreResult]:
+        from services.reward.client import ScoreItem
+
+        outcomes = await self.client.score_batch(
+            [
+                ScoreItem(
+                    completion=i.completion,
+                    answer=i.answer,
+                    prompt=i.prompt,
+                    prompt_ids=list(i.prompt_ids),
+                    completion_ids=list(i.completion_ids),
+                    kwargs=dict(i.kwargs),
+                )
+                for i in items
+            ],
+            fn=self.fn,
+            deadline_s=self.deadline_s,
+        )
+        return [ScoreResult(o.reward, o.ok, str(o.status), o.message) for o in outcomes]
+
+
+@dataclass
+class WorkflowContext:
+    """Everything a workflow needs besides the engine and the row."""
+
+    tokenizer: Any
+    sampling: SamplingParams
+    scorer: RewardScorer
+    on_failure: Literal["zero", "drop_group"] = "zero"
+    # Called with the reward status of every failed score (metrics).
+    on_reward_failure: Callable[[str], None] = lambda status: None
+
+
+@runtime_checkable
+class RolloutWorkflow(Protocol):
+    async def arun_episode(
+        self, engine: InferenceEngine, data: dict[str, Any]
+    ) -> TrajectoryGroup | None: ...
+
+
+def reward_kwargs(data: Mapping[str, Any]) -> dict[str, Any]:
+    """Dataset fields passed to the reward function as keyword arguments (JSON-safe ones)."""
+    skip = {"prompt", "answer", "prompt_ids", "prompt_text", "completion", "completions"}
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        if k in skip:
+            continue
+        if isinstance(v, str | int | float | bool) or v is None:
+            out[k] = v
+    return out
+
+
+def build_trajectory(
+    prompt_ids: Sequence[int],
+    pieces: Sequence[tuple[Sequence[int], Sequence[float], Sequence[int], int]],
+    *,
+    reward: float,
+    stop_reason: str,
+    metadata: Mapping[str, str] | None = None,
+    multi_turn: bool = False,
+) -> Trajectory:
+    """A trajectory from a prompt and pieces `(ids, logprobs, versions, turn)` after it.
+
+    `turn >= 0` marks generated tokens of assistant turn `turn` (loss_mask 1, their logprobs
+    and versions); `turn == -1` marks inserted tokens such as feedback (loss_mask 0,
+    logprob 0, version -1). Prompt tokens carry version -1, as every consumer expects.
+    """
+    ids = list(prompt_ids)
+    mask = [0] * len(ids)
+    lps = [0.0] * len(ids)
+    vers = [-1] * len(ids)
+    turns = [-1] * len(ids)
+    for piece_ids, piece_lps, piece_vers, turn in pieces:
+        n = len(piece_ids)
+        ids.extend(piece_ids)
+        if turn >= 0:
+            if len(piece_lps) != n or len(piece_vers) != n:
+                raise ValueError("a generated piece needs one logprob and one version per token")
+            mask.extend([1] * n)
+            lps.extend(piece_lps)
+            vers.extend(piece_vers)
+        else:
+            mask.extend([0] * n)
+            lps.extend([0.0] * n)
+            vers.extend([-1] * n)
+        turns.extend([turn] * n)
+    return Trajectory(
+        trajectory_id="",
+        group_id="",
+        input_ids=np.asarray(ids, dtype=np.int64),
+        loss_mask=np.asarray(mask, dtype=np.int8),
+        logprobs=np.asarray(lps, dtype=np.float32),
+        versions=np.asarray(vers, dtype=np.int64),
+        reward=float(reward),
+        no_eos=stop_reason != "stop",
+        prompt_len=len(prompt_ids),
+        stop_reason=stop_reason,
+        turn_ids=np.asarray(turns, dtype=np.int64) if multi_turn else None,
+        metadata=dict(metadata or {}),
+    )
+
+
+def completion_piece(c: Completion, turn: int = 0) -> tuple[list[int], list[float], list[int], int]:
+    return (c.output_ids, c.logprobs, c.versions, turn)
+
+
+def make_group(trajectories: list[Trajectory], data: Mapping[str, Any]) -> TrajectoryGroup:
+    return TrajectoryGroup(
+        group_id="",
+        trajectories=trajectories,
+        prompt_id=str(data.get("prompt_id", "")),
+        created_unix_ms=int(time.time() * 1000),
+    )
+
+
+def load_workflow(name: str, ctx: WorkflowContext, **kwargs: Any) -> RolloutWorkflow:
+    """A registered workflow (`rlvr`, `multi_turn`) or a class by dotted path."""
+    from services.rollout.workflows.multi_turn import MultiTurnWorkflow
+    from services.rollout.workflows.rlvr import RLVRWorkflow
+
+    registry: dict[str, Any] = {"rlvr": RLVRWorkflow, "multi_turn": MultiTurnWorkflow}
+    if name in registry:
+        cls = registry[name]
+    elif "." in name:
+        module_name, _, attr = name.rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"rollout.workflow={name!r} cannot be imported: {exc}") from exc
+    else:
+        raise ValueError(
+            f"rollout.workflow={name!r} is unknown; use one of {sorted(registry)} or a dotted path"
+        )
+    workflow = cls(ctx, **kwargs)
+    if not isinstance(workflow, RolloutWorkflow):
+        raise ValueError(f"rollout.workflow={name!r} has no async arun_episode(engine, data)")
+    return workflow

@@ -1,0 +1,476 @@
+"""The service loop around `PPOTrainer`: claim, train, checkpoint, ack, version, publish.
+
+Rank 0 decides what happens next and tells the other ranks with one small JSON command
+per iteration (`train`, `save`, `idle`, `stop`); a `train` command is followed by the
+claimed groups as protobuf bytes, so every rank trains on exactly the same batch.
+
+Order of one step (rank 0's side in brackets):
+  claim [buffer] -> train (all ranks) -> checkpoint if due (all ranks)
+  -> [pause rollouts if eta = 0] -> [ack] -> [buffer version v+1]
+  -> gather full weights (all ranks) -> [publish to every replica] -> [resume rollouts]
+  -> metrics line.
+The checkpoint is written before the ack and records the batch's group ids, so a crash
+between the two is repaired on resume by acknowledging them again (acks are idempotent).
+
+Exactly-once around crashes: before every claim rank 0 records the claim's request id in
+`<run_dir>/trainer_claim.json`. A resumed trainer first repeats that claim with the same
+id; the buffer answers a repeated claim with the groups the first one handed out if they
+are still unacknowledged, so a batch that was in flight when the old process died is
+trained first instead of waiting for the buffer's idle-time redelivery. Groups acknowledged
+after the last checkpoint were trained by a model state that is gone; that is the usual
+cost of checkpoint intervals, and `save_freq_steps` bounds it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flywheel_proto.v1 import buffer_pb2
+from services.buffer.client import BufferClient, VersionRegressionError
+from services.common.codec import TrajectoryGroup, group_from_proto, group_to_proto
+from services.common.config import FlywheelConfig
+from services.trainer import checkpoint as ckpt
+from services.trainer.control import Control, SavedCheckpoint
+from services.trainer.dist import broadcast_bytes, broadcast_json
+from services.trainer.io_loop import IOLoop
+from services.trainer.metrics import JsonlWriter, TrainerMetrics
+from services.trainer.ppo import PPOTrainer, StepResult
+from services.trainer.weight_sync import WeightPublisher
+
+log = logging.getLogger(__name__)
+
+CLAIM_FILE = "trainer_claim.json"
+
+
+@dataclass
+class RunPaths:
+    run_dir: Path
+    checkpoint_dir: Path
+    weight_dir: Path
+    metrics_jsonl: Path
+
+    @classmethod
+    def from_config(cls, cfg: FlywheelConfig) -> RunPaths:
+        run_dir = Path(cfg.cluster.fileroot) / cfg.experiment_name / cfg.trial_name
+        t = cfg.trainer
+        return cls(
+            run_dir=run_dir,
+            checkpoint_dir=Path(t.checkpoint_dir) if t.checkpoint_dir else run_dir / "checkpoints",
+            weight_dir=Path(t.weight_dir) if t.weight_dir else run_dir / "weights",
+            metrics_jsonl=Path(t.metrics_jsonl) if t.metrics_jsonl else run_dir / "metrics.jsonl",
+        )
+
+
+def consumer_id(cfg: FlywheelConfig) -> str:
+    return cfg.trainer.consumer_id or f"trainer-{cfg.experiment_name}-{cfg.trial_name}"
+
+
+class TrainerLoop:
+    """Runs on every rank; rank 0 additionally owns the buffer client, the publisher,
+    the control state and the metrics."""
+
+    def __init__(
+        self,
+        cfg: FlywheelConfig,
+        trainer: PPOTrainer,
+        *,
+        paths: RunPaths,
+        control: Control,
+        io: IOLoop | None = None,
+        buffer: BufferClient | None = None,
+        publisher: WeightPublisher | None = None,
+        metrics: TrainerMetrics | None = None,
+        on_ready: Callable[[], None] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.on_ready = on_ready
+        self.trainer = trainer
+        self.ctx = trainer.ctx
+        self.paths = paths
+        self.control = control
+        self.io = io
+        self.buffer = buffer
+        self.publisher = publisher
+        self.metrics = metrics
+        self.jsonl = JsonlWriter(paths.metrics_jsonl) if self.ctx.is_main else None
+        self.consumer = consumer_id(cfg)
+        self.consumed_groups = 0
+        self.consumed_trajectories = 0
+        self.last_batch_ids: list[str] = []
+        self.last_saved_step = -1
+        self._waiting_since: float | None = None
+        self._replay_request_id: str | None = None
+        if self.ctx.is_main and (io is None or buffer is None):
+            raise ValueError("rank 0 needs the I/O loop and a buffer client")
+
+    # -- helpers of rank 0 -------------------------------------------------------------------
+    def _io(self, coro: Any, timeout: float | None = None) -> Any:
+        assert self.io is not None
+        return self.io.run(coro, timeout)
+
+    def _record_claim(self, request_id: str) -> None:
+        path = self.paths.run_dir / CLAIM_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"request_id": request_id, "step": self.trainer.step + 1}))
+        os.replace(tmp, path)
+
+    def _claim(self) -> list[TrajectoryGroup]:
+        assert self.buffer is not None
+        n = self.cfg.rollout.consumer_batch_size
+        if self._replay_request_id is not None:
+            rid, wait_ms = self._replay_request_id, 0
+            self._replay_request_id = None
+        else:
+            rid, wait_ms = f"{self.consumer}:{uuid.uuid4().hex}", self.cfg.trainer.claim_wait_ms
+            self._record_claim(rid)
+        result = self._io(
+            self.buffer.claim(n, consumer_id=self.consumer, wait_ms=wait_ms, request_id=rid),
+            timeout=self.buffer.timeout * (self.buffer.retries + 1) + wait_ms / 1000 + 30,
+        )
+        return result.groups
+
+    def _decide(self) -> tuple[dict[str, Any], bytes | None]:
+        """Rank 0: the next command for every rank (and the batch bytes for `train`)."""
+        total = self.cfg.total_train_steps
+        if total is not None and self.trainer.step >= total:
+            return {"op": "stop", "reason": "total_train_steps"}, None
+        if self.control.stop_requested:
+            return {"op": "stop", "reason": "requested"}, None
+        if self.control.has_save_requests():
+            return {"op": "save"}, None
+        if self.control.paused:
+            self.control.update(phase="paused")
+            time.sleep(0.2)
+            return {"op": "idle"}, None
+        self.control.update(phase="waiting_for_data")
+        if self._waiting_since is None:
+            self._waiting_since = time.monotonic()
+        groups = self._claim()
+        if not groups:
+            waited = time.monotonic() - self._waiting_since
+            if waited > self.cfg.trainer.batch_timeout:
+                return {
+                    "op": "fail",
+                    "reason": f"no batch from the buffer for {waited:.0f}s "
+                    f"(trainer.batch_timeout={self.cfg.trainer.batch_timeout})",
+                }, None
+            return {"op": "idle"}, None
+        payload = buffer_pb2.ClaimResponse(
+            groups=[group_to_proto(g) for g in groups]
+        ).SerializeToString()
+        wait = time.monotonic() - self._waiting_since
+        self._waiting_since = None
+        return {"op": "train", "wait_batch": wait}, payload
+
+    # -- the loop ----------------------------------------------------------------------------
+    def run(self) -> int:
+        """Train until `total_train_steps`, Stop or SIGTERM; returns the exit code."""
+        code = 0
+        self._resume()
+        if self.on_ready is not None:
+            self.on_ready()
+        while True:
+            if self.ctx.is_main:
+                try:
+                    cmd, payload = self._decide()
+                except Exception as exc:  # noqa: BLE001 - tell the other ranks, then fail
+                    log.exception("rank 0 could not get the next batch")
+                    cmd, payload = {"op": "fail", "reason": f"{type(exc).__name__}: {exc}"}, None
+            else:
+                cmd, payload = None, None
+            cmd = broadcast_json(cmd)
+            op = cmd["op"]
+            if op == "train":
+                raw = broadcast_bytes(payload)
+                msg = buffer_pb2.ClaimResponse.FromString(raw)
+                groups = [group_from_proto(g) for g in msg.groups]
+                self._train_step(groups, wait_batch=float(cmd.get("wait_batch", 0.0)))
+            elif op == "save":
+                futures = self.control.take_save_requests() if self.ctx.is_main else []
+                self._save(futures)
+            elif op == "idle":
+                continue
+            elif op == "stop":
+                log.info("trainer stopping", extra={"reason": cmd.get("reason")})
+                break
+            elif op == "fail":
+                log.error("trainer failed", extra={"reason": cmd.get("reason")})
+                code = 1
+                break
+        if code == 0 and self._should_save_on_exit():
+            self._save([])
+        if self.ctx.is_main:
+            for fut in self.control.take_save_requests():
+                fut.set_exception(RuntimeError("the trainer stopped before saving"))
+            self.control.update(phase="done")
+        return code
+
+    def _should_save_on_exit(self) -> bool:
+        t = self.cfg.trainer
+        return (
+            t.save_on_exit
+            and t.save_freq_steps is not None
+            and self.trainer.step > 0
+            and self.last_saved_step != self.trainer.step
+        )
+
+    # -- one step ----------------------------------------------------------------------------
+    def _train_step(self, groups: list[TrajectoryGroup], *, wait_batch: float) -> None:
+        t0 = time.perf_counter()
+        ids = [g.group_id for g in groups]
+        if self.ctx.is_main:
+            self.control.update(phase="training")
+        result = self.trainer.train_batch(groups)
+        self.last_batch_ids = ids
+        self.consumed_groups += len(groups)
+        self.consumed_trajectories += result.n_seqs
+        phases = dict(result.phase_seconds)
+        phases.pop("step", None)
+        phases["wait_batch"] = wait_batch
+
+        freq = self.cfg.trainer.save_freq_steps
+        if freq is not None and self.trainer.step % freq == 0:
+            t = time.perf_counter()
+            self._save([])
+            phases["checkpoint"] = time.perf_counter() - t
+
+        sync = self.cfg.rollout.max_head_offpolicyness == 0
+        publish = self.publisher is not None and self.publisher.enabled
+        if self.ctx.is_main:
+            t = time.perf_counter()
+            if sync and publish:
+                assert self.publisher is not None
+                self._io(self.publisher.pause())
+            self._ack(ids)
+            self._set_buffer_version(self.trainer.version)
+            phases["ack"] = time.perf_counter() - t
+        # Whether to gather is decided from the config, identically on every rank.
+        gather = bool(self.cfg.services.rollout.port)
+        report = None
+        if gather:
+            if self.ctx.is_main:
+                self.control.update(phase="broadcasting")
+            t = time.perf_counter()
+            sd = self.trainer.actor.full_state_dict()
+            if self.ctx.is_main and publish:
+                assert self.publisher is not None
+                report = self._io(self.publisher.publish(sd, self.trainer.version))
+                if sync:
+                    self._io(self.publisher.resume())
+            phases["broadcast"] = time.perf_counter() - t
+            del sd
+        if self.ctx.is_main:
+            self._record_step(result, phases, ids, time.perf_counter() - t0 + wait_batch, report)
+
+    def _ack(self, ids: list[str]) -> None:
+        assert self.buffer is not None
+        if ids:
+            self._io(self.buffer.ack(ids, consumer_id=self.consumer))
+
+    def _set_buffer_version(self, version: int) -> None:
+        assert self.buffer is not None
+        try:
+            self._io(self.buffer.set_version(version, request_id=f"{self.consumer}:v{version}"))
+        except VersionRegressionError as exc:
+            log.warning(
+                "buffer already at a higher version", extra={"want": version, "have": exc.current}
+            )
+
+    def _record_step(
+        self,
+        r: StepResult,
+        phases: dict[str, float],
+        ids: list[str],
+        step_seconds: float,
+        report: Any,
+    ) -> None:
+        train_s = phases.get("train", 0.0)
+        record: dict[str, Any] = {
+            "step": self.trainer.step,
+            "version": self.trainer.version,
+            "task_reward": r.stats.get("task_reward"),
+            "staleness_max": r.stats.get("staleness_max", 0.0),
+            "staleness_avg": r.stats.get("staleness_avg", 0.0),
+            "importance_weight": r.stats.get("importance_weight"),
+            "behave_imp_weight": r.stats.get("behave_imp_weight"),
+            "no_eos_ratio": r.stats.get("no_eos_ratio"),
+            "loss": r.loss,
+            "losses": r.minibatch_losses,
+            "grad_norm": r.grad_norm,
+            "lr": r.lr,
+            "samples": r.n_seqs,
+            "tokens": r.n_tokens,
+            "tokens_per_second": r.n_tokens / train_s if train_s > 0 else 0.0,
+            "skipped_updates": r.skipped_updates,
+            "prox_forwards": r.prox_forwards,
+            "step_seconds": step_seconds,
+            "phase_seconds": phases,
+            "group_ids": ids,
+            "staleness_per_seq": r.staleness_per_seq,
+            "stats": r.stats,
+            "wall_time": time.time(),
+        }
+        if r.critic_loss is not None:
+            record["critic_loss"] = r.critic_loss
+        if report is not None:
+            record["weight_broadcast_seconds"] = report.seconds
+            record["replicas_updated"] = len(report.updated)
+            record["replicas_failed"] = sorted(report.failed)
+        assert self.jsonl is not None
+        self.jsonl.write(record)
+        if self.metrics is not None:
+            self.metrics.observe_step(record)
+            if report is not None:
+                self.metrics.broadcast_seconds.labels(transport=report.transport).observe(
+                    report.seconds
+                )
+                self.metrics.unhealthy.inc(len(report.failed))
+        skipped = self.control.skipped_updates + r.skipped_updates
+        unhealthy = self.control.unhealthy_replica_updates + (len(report.failed) if report else 0)
+        self.control.update(skipped_updates=skipped, unhealthy_replica_updates=unhealthy)
+        self.control.finish_step(
+            step=self.trainer.step,
+            version=self.trainer.version,
+            stats={k: v for k, v in r.stats.items() if isinstance(v, float)}
+            | {"loss": r.loss, "grad_norm": r.grad_norm, "lr": r.lr},
+        )
+        if self.trainer.step % self.cfg.trainer.log_every_steps == 0:
+            log.info(
+                "step",
+                extra={
+                    "step": self.trainer.step,
+                    "version": self.trainer.version,
+                    "loss": round(r.loss, 5),
+                    "task_reward": r.stats.get("task_reward"),
+                    "seconds": round(step_seconds, 3),
+                },
+            )
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def _trainer_state(self) -> dict[str, Any]:
+        return {
+            "version": self.trainer.version,
+            "seed": self.cfg.seed,
+            "schedulers": self.trainer.scheduler_states(),
+            "data_position": {
+                "consumed_groups": self.consumed_groups,
+                "consumed_trajectories": self.consumed_trajectories,
+            },
+            "buffer": {
+                "consumer_id": self.consumer,
+                "last_batch_group_ids": self.last_batch_ids,
+            },
+            "world_size": self.ctx.world_size,
+            "wall_time": time.time(),
+        }
+
+    def _save(self, futures: list[Future]) -> None:
+        """Collective checkpoint (+ HF export); resolves rank 0's waiting SaveCheckpoint RPCs."""
+        step = self.trainer.step
+        if self.ctx.is_main:
+            self.control.update(phase="checkpointing")
+        try:
+            path = ckpt.save_checkpoint(
+                self.paths.checkpoint_dir,
+                step,
+                models=self.trainer.checkpoint_models(),
+                trainer_state=self._trainer_state(),
+                rank=self.ctx.rank,
+                keep_last=self.cfg.trainer.keep_last_checkpoints,
+            )
+            if self.cfg.trainer.export_hf:
+                sd = self.trainer.actor.full_state_dict()
+                if self.ctx.is_main:
+                    ckpt.export_hf(sd, self.trainer.actor_cfg.path, path / "hf")
+        except Exception as exc:
+            for f in futures:
+                f.set_exception(exc)
+            raise
+        self.last_saved_step = step
+        if self.ctx.is_main:
+            saved = SavedCheckpoint(str(path), step, self.trainer.version)
+            self.control.update(last_checkpoint=str(path), last_checkpoint_step=step)
+            if self.metrics is not None:
+                self.metrics.checkpoints.inc()
+            for f in futures:
+                f.set_result(saved)
+
+    def _resume(self) -> None:
+        """Load the latest checkpoint (`recover: auto`) and reconcile buffer and replicas."""
+        latest = None
+        if self.cfg.trainer.recover == "auto":
+            latest = ckpt.latest_checkpoint(self.paths.checkpoint_dir)
+        # Every rank must agree on the checkpoint (the directory may be seen late on NFS).
+        name = broadcast_json(latest.name if (self.ctx.is_main and latest) else "")
+        target_version = 0
+        if name:
+            state = ckpt.load_checkpoint(
+                self.paths.checkpoint_dir / name,
+                models=self.trainer.checkpoint_models(),
+                rank=self.ctx.rank,
+            )
+            self.trainer.load_scheduler_states(state["schedulers"])
+            self.trainer.step = int(state["step"])
+            self.trainer.version = int(state["version"])
+            pos = state.get("data_position", {})
+            self.consumed_groups = int(pos.get("consumed_groups", 0))
+            self.consumed_trajectories = int(pos.get("consumed_trajectories", 0))
+            self.last_batch_ids = list(state.get("buffer", {}).get("last_batch_group_ids", []))
+            self.last_saved_step = self.trainer.step
+            target_version = self.trainer.version
+            if self.ctx.is_main:
+                self.control.update(
+                    last_checkpoint=str(self.paths.checkpoint_dir / name),
+                    last_checkpoint_step=self.trainer.step,
+                )
+                log.info(
+                    "resumed",
+                    extra={"step": self.trainer.step, "version": self.trainer.version},
+                )
+        if self.ctx.is_main:
+            assert self.buffer is not None
+            self.paths.run_dir.mkdir(parents=True, exist_ok=True)
+            claim_file = self.paths.run_dir / CLAIM_FILE
+            if self.cfg.trainer.recover == "auto" and claim_file.is_file():
+                self._replay_request_id = json.loads(claim_file.read_text()).get("request_id")
+            if self.last_batch_ids:
+                self._ack(self.last_batch_ids)  # the crash may have come before the ack
+            have = self._io(self.buffer.get_version())
+            if have > target_version:
+                # Versions only move forward: steps after the checkpoint are lost, so the
+                # restored weights become a new version above everything published.
+                target_version = have + 1
+                log.warning(
+                    "buffer is ahead of the checkpoint; restored weights get a new version",
+                    extra={"buffer_version": have, "version": target_version},
+                )
+            if target_version > 0:
+                self._set_buffer_version(target_version)
+        target_version = int(broadcast_json(target_version))
+        needs_push = False
+        if self.ctx.is_main and self.publisher is not None and self.publisher.enabled:
+            versions = self._io(self.publisher.versions())
+            stale = [a for a, v in versions.items() if v is None or v != target_version]
+            needs_push = bool(stale) and target_version > 0
+        needs_push = bool(broadcast_json(needs_push))
+        self.trainer.version = target_version
+        if needs_push:
+            sd = self.trainer.actor.full_state_dict()
+            if self.ctx.is_main:
+                assert self.publisher is not None
+                report = self._io(self.publisher.publish(sd, target_version))
+                log.info(
+                    "restored weights published",
+                    extra={"version": target_version, "failed": sorted(report.failed)},
+                )
+        if self.ctx.is_main:
+            self.control.update(step=self.trainer.step, version=self.trainer.version)

@@ -1,0 +1,311 @@
+"""Publish new policy weights to every rollout replica (rank 0 of the trainer).
+
+Three transports, one contract (`services/common/weights.py`): the replica receives
+named tensors with a manifest (version + SHA-256 checksum), verifies them, and answers with
+the version it now serves.
+
+- `disk`: safetensors into a fresh directory `<weight_dir>/v<version:08d>/` (manifest
+  written last), then every replica is told the path. `<weight_dir>/LATEST` names the
+  newest complete directory, so a replica that starts late can load it before serving.
+  Older directories beyond `keep_weight_versions` are deleted.
+- `distributed`: a torch.distributed group of rank 0 + every replica (gloo on CPU, NCCL
+  on GPU), built once; each update broadcasts the tensors in buckets from rank 0 while the
+  replicas' UpdateWeights calls receive them.
+- `grpc`: the tensors streamed as chunks to each replica.
+
+A publication is complete when every replica answers with the new version, or has failed
+and been marked unhealthy for that version (counted in `unhealthy_replicas_total`, never
+silent). Unhealthy replicas are tried again at the next publication; for the distributed
+transport a failure also dissolves the group, which is rebuilt with the replicas that
+answer at the next publication.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from services.common.config import FlywheelConfig
+from services.common.weights import (
+    WeightManifest,
+    WeightsGroup,
+    make_manifest,
+    save_weights,
+    send_buckets,
+    tensor_specs,
+)
+from services.rollout.client import RolloutClient
+from services.trainer.dist import free_port
+
+log = logging.getLogger(__name__)
+
+LATEST_FILE = "LATEST"
+
+
+@dataclass
+class PublishReport:
+    version: int
+    transport: str
+    seconds: float
+    updated: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+def replica_addresses(cfg: FlywheelConfig) -> list[str]:
+    """Addresses of the rollout replicas; none when the rollout port is unset (0), which
+    means no rollout is wired to this trainer (tests, offline training)."""
+    ep = cfg.services.rollout
+    if ep.port == 0:
+        return []
+    return [ep.replica_address(i) for i in range(cfg.rollout.n_replicas)]
+
+
+def version_dir(weight_dir: str | os.PathLike[str], version: int) -> Path:
+    return Path(weight_dir) / f"v{version:08d}"
+
+
+class WeightPublisher:
+    """Pushes weights to the replicas; lives on rank 0's I/O loop."""
+
+    def __init__(
+        self,
+        cfg: FlywheelConfig,
+        *,
+        weight_dir: str | os.PathLike[str],
+        addresses: list[str] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.transport = cfg.trainer.weight_transport
+        self.weight_dir = Path(weight_dir)
+        self.addresses = replica_addresses(cfg) if addresses is None else list(addresses)
+        timeout = cfg.rollout.weight_update_timeout
+        self.clients = {
+            a: RolloutClient(
+                a,
+                auth_token=cfg.services.auth_token,
+                max_message_bytes=cfg.services.max_message_bytes,
+                weight_update_timeout=timeout,
+                timeout=min(60.0, timeout),
+            )
+            for a in self.addresses
+        }
+        self.unhealthy: set[str] = set()
+        self.failures_total = 0
+        self._group: WeightsGroup | None = None
+        self._group_members: list[str] = []
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.addresses)
+
+    async def close(self) -> None:
+        self._drop_group()
+        for c in self.clients.values():
+            await c.close()
+
+    # -- control of the replicas -------------------------------------------------------------
+    async def pause(self) -> None:
+        await self._each(lambda c: c.pause())
+
+    async def resume(self) -> None:
+        await self._each(lambda c: c.resume())
+
+    async def versions(self) -> dict[str, int | None]:
+        async def one(c: RolloutClient) -> int | None:
+            try:
+                return await c.get_version()
+            except Exception:  # noqa: BLE001 - unreachable replica: no version
+                return None
+
+        vals = await asyncio.gather(*(one(c) for c in self.clients.values()))
+        return dict(zip(self.clients, vals, strict=True))
+
+    async def _each(self, fn) -> None:  # type: ignore[no-untyped-def]
+        async def one(addr: str, c: RolloutClient) -> None:
+            try:
+                await fn(c)
+            except Exception as exc:  # noqa: BLE001 - a dead replica must not stop training
+                log.warning(
+                    "rollout control call failed", extra={"replica": addr, "error": str(exc)}
+                )
+
+        await asyncio.gather(*(one(a, c) for a, c in self.clients.items()))
+
+    # -- publication -------------------------------------------------------------------------
+    async def publish(
+        self, state_dict: dict[str, torch.Tensor], version: int, *, only: list[str] | None = None
+    ) -> PublishReport:
+        """Make every replica (or those in `only`) serve `state_dict` as `version`."""
+        targets = list(self.addresses if only is None else only)
+        t0 = time.perf_counter()
+        manifest = await asyncio.to_thread(make_manifest, state_dict, version)
+        if self.transport == "disk":
+            results = await self._publish_disk(state_dict, manifest, targets)
+        elif self.transport == "grpc":
+            results = await self._publish_grpc(state_dict, manifest, targets)
+        elif self.transport == "distributed":
+            results = await self._publish_distributed(state_dict, manifest, targets)
+        else:  # pragma: no cover - the config validates the literal
+            raise ValueError(f"trainer.weight_transport={self.transport!r} is unknown")
+        report = PublishReport(version, self.transport, 0.0)
+        for addr, outcome in results.items():
+            if outcome is None:
+                report.updated.append(addr)
+                self.unhealthy.discard(addr)
+            else:
+                report.failed[addr] = outcome
+                self.unhealthy.add(addr)
+                self.failures_total += 1
+                log.error(
+                    "replica did not take the new weights; marked unhealthy and skipped",
+                    extra={"replica": addr, "version": version, "reason": outcome},
+                )
+        report.seconds = time.perf_counter() - t0
+        return report
+
+    @staticmethod
+    def _check(result, version: int) -> str | None:  # type: ignore[no-untyped-def]
+        if not result.ok:
+            return result.message or "refused"
+        if result.version != version:
+            return f"serves version {result.version}, expected {version}"
+        return None
+
+    async def _guarded(self, addr: str, coro, version: int) -> str | None:  # type: ignore[no-untyped-def]
+        try:
+            return self._check(await coro, version)
+        except Exception as exc:  # noqa: BLE001 - reported per replica
+            return f"{type(exc).__name__}: {exc}"
+
+    async def _publish_disk(
+        self, sd: dict[str, torch.Tensor], manifest: WeightManifest, targets: list[str]
+    ) -> dict[str, str | None]:
+        path = version_dir(self.weight_dir, manifest.version)
+        saved = await asyncio.to_thread(save_weights, path, sd, manifest.version)
+        (self.weight_dir / f".{LATEST_FILE}.tmp").write_text(path.name)
+        os.replace(self.weight_dir / f".{LATEST_FILE}.tmp", self.weight_dir / LATEST_FILE)
+        outcomes = await asyncio.gather(
+            *(
+                self._guarded(
+                    a,
+                    self.clients[a].update_weights_from_disk(
+                        str(path.resolve()), saved, request_id=f"w{manifest.version}-{a}"
+                    ),
+                    manifest.version,
+                )
+                for a in targets
+            )
+        )
+        self._prune_disk(manifest.version)
+        return dict(zip(targets, outcomes, strict=True))
+
+    def _prune_disk(self, newest: int) -> None:
+        keep = self.cfg.trainer.keep_weight_versions
+        dirs = sorted(p for p in self.weight_dir.glob("v*") if p.is_dir() and p.name[1:].isdigit())
+        for p in dirs[: max(0, len(dirs) - keep)]:
+            if int(p.name[1:]) < newest:
+                shutil.rmtree(p, ignore_errors=True)
+
+    async def _publish_grpc(
+        self, sd: dict[str, torch.Tensor], manifest: WeightManifest, targets: list[str]
+    ) -> dict[str, str | None]:
+        chunk = self.cfg.trainer.weight_chunk_bytes
+        outcomes = await asyncio.gather(
+            *(
+                self._guarded(
+                    a,
+                    self.clients[a].stream_weights(sd, manifest, chunk_bytes=chunk),
+                    manifest.version,
+                )
+                for a in targets
+            )
+        )
+        return dict(zip(targets, outcomes, strict=True))
+
+    def _group_address(self) -> str:
+        host = self.cfg.services.trainer.host
+        return socket.getfqdn() if host in ("", "0.0.0.0", "::") else host
+
+    def _drop_group(self) -> None:
+        self._group = None
+        self._group_members = []
+
+    async def _ensure_group(self, members: list[str]) -> None:
+        if self._group is not None and self._group_members == members:
+            return
+        self._drop_group()
+        addr = self._group_address()
+        port = self.cfg.trainer.weights_group_port or free_port(
+            "127.0.0.1" if addr in ("127.0.0.1", "localhost") else ""
+        )
+        world = 1 + len(members)
+        backend = (
+            "nccl" if torch.cuda.is_available() and self.cfg.trainer.backend == "nccl" else "gloo"
+        )
+        timeout = self.cfg.rollout.weight_update_timeout
+        joins = [
+            self.clients[m].init_weights_group(addr, port, i + 1, world, backend)
+            for i, m in enumerate(members)
+        ]
+        host = asyncio.to_thread(
+            WeightsGroup,
+            master_address=addr,
+            master_port=port,
+            rank=0,
+            world_size=world,
+            backend=backend,
+            timeout_s=timeout,
+        )
+        results = await asyncio.gather(host, *joins, return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise RuntimeError(f"weights group rendezvous failed: {errors[0]}")
+        self._group = results[0]  # type: ignore[assignment]
+        self._group_members = list(members)
+
+    async def _publish_distributed(
+        self, sd: dict[str, torch.Tensor], manifest: WeightManifest, targets: list[str]
+    ) -> dict[str, str | None]:
+        # A broadcast is collective: every member must take part, so the group is exactly
+        # the replicas that answer right now.
+        alive = [a for a, v in (await self.versions()).items() if v is not None and a in targets]
+        outcomes: dict[str, str | None] = {a: "unreachable" for a in targets if a not in alive}
+        if not alive:
+            return outcomes
+        try:
+            await self._ensure_group(alive)
+        except Exception as exc:  # noqa: BLE001
+            self._drop_group()
+            outcomes.update({a: f"group rendezvous failed: {exc}" for a in alive})
+            return outcomes
+        bucket = self.cfg.trainer.weight_bucket_bytes
+        specs = tensor_specs(sd)
+        tasks = [
+            asyncio.ensure_future(
+                self.clients[a].update_weights_distributed(manifest, specs, bucket)
+            )
+            for a in alive
+        ]
+        group = self._group
+        assert group is not None
+        try:
+            await asyncio.to_thread(send_buckets, group, sd, bucket)
+        except Exception as exc:  # noqa: BLE001 - a receiver died mid-broadcast
+            self._drop_group()
+            for t in tasks:
+                t.cancel()
+            outcomes.update({a: f"broadcast failed: {exc}" for a in alive})
+            return outcomes
+        for a, task in zip(alive, tasks, strict=True):
+            outcomes[a] = await self._guarded(a, task, manifest.version)
+        if any(outcomes[a] is not None for a in alive):
+            self._drop_group()
+        return outcomes

@@ -1,0 +1,89 @@
+"""Alert rules: promtool checks them and runs their unit tests; every alert is tested
+firing and quiet and tells the reader what to do."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+PROM = ROOT / "deploy" / "prometheus"
+
+
+def alerts() -> list[dict]:
+    data = yaml.safe_load((PROM / "alerts.yml").read_text())
+    return [rule for group in data["groups"] for rule in group["rules"] if "alert" in rule]
+
+
+def test_promtool_check_rules(promtool):
+    result = subprocess.run(
+        [promtool, "check", "rules", str(PROM / "alerts.yml")], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(alerts())} rules found" in result.stdout
+
+
+def test_promtool_unit_tests_pass(promtool):
+    result = subprocess.run(
+        [promtool, "test", "rules", "alerts_test.yml"],
+        capture_output=True,
+        text=True,
+        cwd=PROM / "tests",
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
+def test_a_wrong_expectation_fails(promtool, tmp_path):
+    """The unit tests can fail: the same file with one expectation flipped is refused."""
+    tests = yaml.safe_load((PROM / "tests" / "alerts_test.yml").read_text())
+    tests["rule_files"] = [str(PROM / "alerts.yml")]
+    first = tests["tests"][0]["alert_rule_test"][-1]
+    assert first["exp_alerts"], "the first firing case must expect alerts"
+    first["exp_alerts"] = []
+    (tmp_path / "t.yml").write_text(yaml.safe_dump(tests))
+    result = subprocess.run(
+        [promtool, "test", "rules", str(tmp_path / "t.yml")], capture_output=True, text=True
+    )
+    assert result.returncode == 1 and "FAILED" in result.stdout + result.stderr
+
+
+def test_every_alert_is_tested_firing_and_quiet():
+    tests = yaml.safe_load((PROM / "tests" / "alerts_test.yml").read_text())["tests"]
+    firing, quiet = set(), set()
+    for case in tests:
+        for check in case["alert_rule_test"]:
+            (firing if check.get("exp_alerts") else quiet).add(check["alertname"])
+    names = {a["alert"] for a in alerts()}
+    assert names - firing == set(), "alerts never tested firing"
+    assert names - quiet == set(), "alerts never tested quiet"
+
+
+def test_issue_alerts_exist_with_runbooks():
+    by_name = {a["alert"]: a for a in alerts()}
+    assert {
+        "FlywheelImportanceWeightOffOne",
+        "FlywheelBehaveImpWeightOffOne",
+        "FlywheelNoEosRatioHigh",
+        "FlywheelRolloutVersionBehind",
+        "FlywheelTrainerStarved",
+        "FlywheelRewardFailureRate",
+        "FlywheelNonFiniteGradientSteps",
+        "FlywheelServiceDown",
+    } <= set(by_name)
+    for name, rule in by_name.items():
+        runbook = rule["annotations"]["runbook"]
+        assert runbook.endswith(".") and len(runbook.split()) >= 12, (
+            f"{name}: runbook is not a sentence"
+        )
+        assert rule["labels"]["severity"] in {"warning", "critical"}
+    assert "0.05" in by_name["FlywheelNoEosRatioHigh"]["expr"]
+
+
+def test_chart_carries_the_same_rules(dashboards_generator):
+    assert (ROOT / "deploy" / "helm" / "flywheel" / "files" / "alerts.yml").read_text() == (
+        PROM / "alerts.yml"
+    ).read_text()
+    assert dashboards_generator.stale_files() == []

@@ -1,0 +1,88 @@
+"""The RolloutService over real gRPC on loopback: Generate, control RPCs, bad input."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+import torch
+
+from flywheel_proto.v1 import rollout_pb2
+from services.rollout.types import SamplingParams
+from tests.rollout.conftest import load_model
+
+pytestmark = pytest.mark.integration
+
+
+async def test_generate_text_and_ids_prompt_major(served, tiny_model_dir) -> None:  # noqa: ANN001
+    engine, client, _ = served
+    tok = engine.tokenizer
+    sp = SamplingParams(n_samples=3, max_new_tokens=5, ignore_eos=True, seed=1, temperature=0.9)
+    res = await client.generate(prompts=["12+34=", "7+8="], sampling=sp)
+    # 2 prompts x 3 samples, prompt-major; seeds 1, 2, 3 per prompt
+    assert len(res.completions) == 6 and res.version == 0
+    by_ids = await client.generate(
+        prompt_ids=[tok("12+34=")["input_ids"], tok("7+8=")["input_ids"]], sampling=sp
+    )
+    assert [c.output_ids for c in by_ids.completions] == [c.output_ids for c in res.completions]
+    first = res.completions[0]
+    assert len(first.output_ids) == 5 and first.stop_reason == "length"
+    assert first.text == tok.decode(first.output_ids, skip_special_tokens=True)
+    # Logprobs match a fresh forward of the served model at temperature 0.9.
+    model = load_model(tiny_model_dir)
+    prompt = tok("12+34=")["input_ids"]
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + first.output_ids])).logits[0, len(prompt) - 1 : -1]
+    expected = torch.log_softmax(logits / 0.9, -1).gather(
+        -1, torch.tensor(first.output_ids)[:, None]
+    )[:, 0]
+    torch.testing.assert_close(torch.tensor(first.logprobs), expected, rtol=0, atol=1e-5)
+
+
+async def test_bad_requests_get_invalid_argument(served) -> None:  # noqa: ANN001
+    engine, client, _ = served
+    stub = client._stub
+    cases = [
+        rollout_pb2.GenerateRequest(request_id="a"),  # neither prompts nor ids
+        rollout_pb2.GenerateRequest(
+            prompts=["1+1="], sampling=rollout_pb2.SamplingParams(temperature=-1.0)
+        ),
+        rollout_pb2.GenerateRequest(prompt_ids=[rollout_pb2.TokenIds(ids=[3, 500])]),
+        rollout_pb2.GenerateRequest(
+            prompts=["1"], sampling=rollout_pb2.SamplingParams(n_samples=5000)
+        ),
+    ]
+    for req in cases:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.Generate(req, timeout=10)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.UpdateWeights(
+            rollout_pb2.UpdateWeightsRequest(transport=rollout_pb2.WEIGHT_TRANSPORT_DISK),
+            timeout=10,
+        )
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    # A disk update of a directory that is not there is refused, not an RPC error.
+    r = await client.update_weights("disk", _manifest(), path="/nonexistent/weights")
+    assert not r.ok and "does not exist" in r.message
+
+
+def _manifest():  # noqa: ANN202
+    from services.common.weights import WeightManifest
+
+    return WeightManifest(1, "", 0, 0)
+
+
+async def test_pause_resume_stats_and_version(served) -> None:  # noqa: ANN001
+    engine, client, metrics = served
+    assert await client.pause() == 0
+    stats = await client.stats()
+    assert stats.paused and stats.engine == "torch" and stats.rollout_id == "rollout-0"
+    assert metrics.paused._value.get() == 1
+    assert await client.resume() == 0
+    res = await client.generate(
+        prompts=["1+2="], sampling=SamplingParams(max_new_tokens=3, ignore_eos=True)
+    )
+    stats = await client.stats()
+    assert not stats.paused and stats.tokens_generated == 3 and stats.requests_in_flight == 0
+    assert stats.checksum == engine.checksum != ""
+    assert len(res.completions[0].output_ids) == 3
