@@ -64,9 +64,7 @@ def make_items(prompts: int, samples: int, seed: int) -> list[ScoreItem]:
 def in_process(items: list[ScoreItem]) -> tuple[float, list[float]]:
     gsm8k_reward("", "#### 1", [], [], "1")  # import and warm up, as the workers do
     start = time.perf_counter()
-    rewards = [
-        gsm8k_reward(i.prompt, str(i.completion), [], [], i.answer) for i in items
-    ]
+    rewards = [gsm8k_reward(i.prompt, str(i.completion), [], [], i.answer) for i in items]
     return len(items) / (time.perf_counter() - start), rewards
 
 

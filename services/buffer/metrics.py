@@ -20,6 +20,9 @@ backpressure refusals) uses ordinary process-local instruments.
 | `flywheel_buffer_capacity_groups` | groups rollout may still start (AReaL rule) | 0 for long: rollout idles, staleness budget too small |
 | `flywheel_buffer_reserved_groups` | reservations outstanding (AReaL "running") | stuck high: rollouts died holding reservations |
 | `flywheel_buffer_version` | the trainer's current version | flat: no optimizer steps |
+| `flywheel_buffer_max_head_offpolicyness` | η as configured | (a constant; alerts compare against it) |
+| `flywheel_buffer_admitted_groups_total` / `_accepted_groups` | admitted at put / admitted and not dropped later | accepted far below admitted: many stale at claim |
+| `flywheel_buffer_stats_age_seconds` | age of the Redis snapshot behind these metrics | growing: Redis unreachable |
 | `flywheel_buffer_invariant_ok` | 1 when put = acked + dropped + pending + in_flight | 0: accounting broken, investigate |
 | `flywheel_buffer_served_staleness_versions` | version - oldest token version of served groups | mass above 0 grows: training on older data |
 | `flywheel_buffer_rpc_seconds{method}` | RPC latency | p99 rising: Redis or network slow |
@@ -44,8 +47,32 @@ from services.buffer.store import DROP_REASONS, StatsSnapshot
 P = "flywheel_buffer"
 
 
+# Metrics read from the Redis snapshot: name -> help. Counters get `_total` appended.
+SNAPSHOT_COUNTERS = {
+    "put_groups": "Groups put and decided (admitted or dropped), from Redis.",
+    "acked_groups": "Groups acknowledged after an optimizer step.",
+    "claimed_groups": "Groups handed to trainer consumers (redeliveries included).",
+    "duplicate_puts": "Retried puts that stored nothing.",
+    "redelivered_groups": "Claims redelivered after buffer.claim_idle_ms.",
+    "admitted_groups": "Groups admitted (stored) at put.",
+}
+SNAPSHOT_GAUGES = {
+    "pending_groups": "Stored groups waiting for a trainer.",
+    "in_flight_groups": "Claimed groups not yet acknowledged.",
+    "stored_groups": "Groups held in Redis (pending + in flight).",
+    "stored_bytes": "Payload bytes held in Redis.",
+    "capacity_groups": "Groups the rollout may still start (AReaL rule).",
+    "reserved_groups": "Capacity reservations outstanding (AReaL running).",
+    "accepted_groups": "Admitted groups not dropped later (AReaL accepted).",
+    "version": "The trainer's current policy version.",
+    "invariant_ok": "1 when put = acked + dropped + pending + in_flight.",
+    "stats_age_seconds": "Age of the Redis snapshot behind these metrics.",
+}
+
+
 class SnapshotCollector(Collector):
-    """Exports the latest Redis accounting snapshot; nothing until the first one arrives."""
+    """Exports the latest Redis accounting snapshot. Before the first snapshot the families
+    are present without samples: names are discoverable, and no made-up zero is reported."""
 
     def __init__(self) -> None:
         self.snapshot: StatsSnapshot | None = None
@@ -55,46 +82,44 @@ class SnapshotCollector(Collector):
         self.snapshot = snapshot
         self.taken_at = time.time()
 
-    def describe(self) -> Iterator:  # names are fixed; describing avoids a collect() at register
-        return iter(())
+    def describe(self) -> Iterator:
+        return self._families(None)
 
     def collect(self) -> Iterator:
-        s = self.snapshot
-        if s is None:
-            return
+        return self._families(self.snapshot)
+
+    def _families(self, s: StatsSnapshot | None) -> Iterator:
         counters = {
-            "put_groups": (s.put, "Groups put and decided (admitted or dropped), from Redis."),
-            "acked_groups": (s.acked, "Groups acknowledged after an optimizer step."),
-            "claimed_groups": (s.claimed, "Groups handed to trainer consumers."),
-            "duplicate_puts": (s.duplicate, "Retried puts that stored nothing."),
-            "redelivered_groups": (s.redelivered, "Claims redelivered after the idle time."),
-            "admitted_groups": (s.admitted, "Groups admitted (stored) at put."),
+            "put_groups": s.put if s else None,
+            "acked_groups": s.acked if s else None,
+            "claimed_groups": s.claimed if s else None,
+            "duplicate_puts": s.duplicate if s else None,
+            "redelivered_groups": s.redelivered if s else None,
+            "admitted_groups": s.admitted if s else None,
         }
-        for name, (value, doc) in counters.items():
-            yield CounterMetricFamily(f"{P}_{name}", doc, value=value)
+        for name, value in counters.items():
+            yield CounterMetricFamily(f"{P}_{name}", SNAPSHOT_COUNTERS[name], value=value)
         dropped = CounterMetricFamily(
             f"{P}_dropped_groups", "Groups dropped without training, by reason.", labels=["reason"]
         )
-        for reason in sorted(set(DROP_REASONS) | set(s.dropped)):
-            dropped.add_metric([reason], s.dropped.get(reason, 0))
+        if s is not None:
+            for reason in sorted(set(DROP_REASONS) | set(s.dropped)):
+                dropped.add_metric([reason], s.dropped.get(reason, 0))
         yield dropped
         gauges = {
-            "pending_groups": (s.pending, "Stored groups waiting for a trainer."),
-            "in_flight_groups": (s.in_flight, "Claimed groups not yet acknowledged."),
-            "stored_groups": (s.stored_groups, "Groups held in Redis (pending + in flight)."),
-            "stored_bytes": (s.stored_bytes, "Payload bytes held in Redis."),
-            "capacity_groups": (s.capacity, "Groups the rollout may still start (AReaL rule)."),
-            "reserved_groups": (s.running, "Capacity reservations outstanding."),
-            "accepted_groups": (s.accepted, "Admitted groups not dropped later (AReaL accepted)."),
-            "version": (s.version, "The trainer's current policy version."),
-            "invariant_ok": (
-                int(s.invariant_ok),
-                "1 when put = acked + dropped + pending + in_flight.",
-            ),
-            "stats_age_seconds": (time.time() - self.taken_at, "Age of this Redis snapshot."),
+            "pending_groups": s.pending if s else None,
+            "in_flight_groups": s.in_flight if s else None,
+            "stored_groups": s.stored_groups if s else None,
+            "stored_bytes": s.stored_bytes if s else None,
+            "capacity_groups": s.capacity if s else None,
+            "reserved_groups": s.running if s else None,
+            "accepted_groups": s.accepted if s else None,
+            "version": s.version if s else None,
+            "invariant_ok": int(s.invariant_ok) if s else None,
+            "stats_age_seconds": time.time() - self.taken_at if s else None,
         }
-        for name, (value, doc) in gauges.items():
-            yield GaugeMetricFamily(f"{P}_{name}", doc, value=value)
+        for name, value in gauges.items():
+            yield GaugeMetricFamily(f"{P}_{name}", SNAPSHOT_GAUGES[name], value=value)
 
 
 class BufferMetrics:
@@ -138,8 +163,20 @@ class BufferMetrics:
             ["result"],
             registry=registry,
         )
+        self.max_head_offpolicyness = Gauge(
+            f"{P}_max_head_offpolicyness",
+            "eta: the most versions a served group's oldest token may lag (configured).",
+            registry=registry,
+        )
         self.lost_puts = Counter(
             f"{P}_redis_lost_puts_total",
             "Puts Redis lost in a crash: its put counter went back below what we had seen.",
             registry=registry,
         )
+
+
+def build_metrics(registry: CollectorRegistry | None = None) -> BufferMetrics:
+    """Every buffer metric on a fresh (or the given) isolated registry."""
+    return BufferMetrics(
+        registry if registry is not None else CollectorRegistry(auto_describe=True)
+    )

@@ -114,6 +114,7 @@ class BufferService:
         self.local_redis: RedisServer | None = None
         self.registry = new_registry()
         self.metrics = BufferMetrics(self.registry)
+        self.metrics.max_head_offpolicyness.set(parts.rollout.max_head_offpolicyness)
         self.group_filter = resolve_filter(b.filter)
         self.store: RedisStore | None = None
         self.servicer: BufferServicer | None = None

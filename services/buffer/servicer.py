@@ -82,7 +82,7 @@ def _rpc(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
             self.metrics.rpc_errors.labels(name, err.code.name).inc()
             trailers = (("retry-after-ms", str(err.retry_after_ms)),) if err.retry_after_ms else ()
             await context.abort(err.code, err.details, trailing_metadata=trailers)
-        except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as err:
+        except (redis_errors.ConnectionError, redis_errors.TimeoutError) as err:
             self.metrics.rpc_errors.labels(name, "UNAVAILABLE").inc()
             self.metrics.redis_errors.inc()
             self.on_redis_error(err)
@@ -92,6 +92,12 @@ def _rpc(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
             self.metrics.redis_errors.inc()
             log.exception("redis error in %s", name)
             await context.abort(grpc.StatusCode.INTERNAL, f"redis error: {err}")
+        except Exception as err:  # a bug must answer a status, not take the service down
+            if isinstance(err, grpc.aio.AbortError):
+                raise
+            self.metrics.rpc_errors.labels(name, "INTERNAL").inc()
+            log.exception("unexpected error in %s", name)
+            await context.abort(grpc.StatusCode.INTERNAL, f"{type(err).__name__}: {err}")
         finally:
             self.metrics.rpc_seconds.labels(name).observe(time.perf_counter() - start)
         raise AssertionError("unreachable")  # abort() raises
@@ -324,7 +330,16 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
                     f"bytes, more than one reply may carry ({self.store.settings.max_reply_bytes});"
                     " claim fewer groups per call",
                 )
-            served.extend(await self._filter_claimed(out.groups) if filtering else out.groups)
+            if filtering:
+                try:
+                    kept = await self._filter_claimed(out.groups)
+                except RpcFailure:  # the filter failed: give everything back untouched
+                    held = [g.group_id for g in [*served, *out.groups]]
+                    await self.store.unclaim(held, request.consumer_id)
+                    raise
+                served.extend(kept)
+            else:
+                served.extend(out.groups)
             if out.replayed or len(served) >= request.n_groups or (served and not filtering):
                 break
             if filtering and len(out.groups) > 0:
@@ -442,7 +457,12 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
             "path",
             f"{request.path!r} resolves outside buffer.export_dir ({root})",
         )
-        n = await export_jsonl(self.store, lo, hi, target, self.settings.tokenizer_path)
+        try:
+            n = await export_jsonl(self.store, lo, hi, target, self.settings.tokenizer_path)
+        except OSError as err:
+            raise RpcFailure(
+                grpc.StatusCode.FAILED_PRECONDITION, f"path: cannot write {target}: {err}"
+            ) from None
         return buffer_pb2.ExportResponse(groups=n, path=str(target))
 
 

@@ -96,8 +96,8 @@ def phrase_answer(text: str) -> str | None:
     if last is None:
         return None
     after = tail[last.end() : last.end() + 200]
-    m = NUMBER_RE.search(after.replace("$", " "))
-    return m.group(0) if m else None
+    number = NUMBER_RE.search(after.replace("$", " "))
+    return number.group(0) if number else None
 
 
 def bracketed_answer(text: str) -> str | None:

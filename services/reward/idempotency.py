@@ -13,6 +13,7 @@ are not stored, so the retry really runs.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
@@ -46,7 +47,7 @@ class IdempotencyStore(Generic[T]):
             return await compute()
         entry = self._entries.get(request_id)
         if entry is not None:
-            seen_fingerprint, future = entry
+            seen_fingerprint, running = entry
             if seen_fingerprint != fingerprint:
                 raise RequestIdConflict(
                     f"request_id {request_id!r} was already used for a different request; "
@@ -55,10 +56,10 @@ class IdempotencyStore(Generic[T]):
             if on_duplicate is not None:
                 on_duplicate()
             self._entries.move_to_end(request_id)
-            return await asyncio.shield(future)
+            return await asyncio.shield(running)
         future: asyncio.Future[T] = asyncio.ensure_future(compute())
         self._entries[request_id] = (fingerprint, future)
-        future.add_done_callback(lambda f, rid=request_id: self._forget_failure(rid, f))
+        future.add_done_callback(functools.partial(self._forget_failure, request_id))
         while len(self._entries) > self.max_entries:
             oldest_id, (_, oldest) = next(iter(self._entries.items()))
             if not oldest.done():

@@ -85,11 +85,21 @@ class ScoreTask:
     fn_path: str
     payload: dict[str, Any]
     deadline_s: float
-    future: asyncio.Future[TaskResult] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    future: asyncio.Future[TaskResult] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
 
     def resolve(self, result: TaskResult) -> None:
         if not self.future.done():
             self.future.set_result(result)
+
+
+@dataclass(frozen=True)
+class _Sent:
+    """A task written to a worker, and when."""
+
+    task: ScoreTask
+    sent_at: float
 
 
 class _WorkerGone(Exception):
@@ -153,9 +163,9 @@ class _WorkerProcess:
         assert isinstance(stdin, asyncio.WriteTransport)
         self.stdin = stdin
 
-    def send(self, msg: dict[str, Any]) -> None:
+    def send(self, frame: bytes) -> None:
         """Queue a frame on the worker's stdin (the transport writes it as the pipe drains)."""
-        self.stdin.write(encode_frame(msg))
+        self.stdin.write(frame)
 
     def has_frame(self) -> bool:
         return bool(self.protocol.frames)
@@ -203,10 +213,10 @@ class WorkerPool:
         self.config = config
         self.metrics = metrics
         self._queue: deque[ScoreTask] = deque()
-        self._cond: asyncio.Condition | None = None
+        self._work: asyncio.Event | None = None
         self._slots: list[asyncio.Task[None]] = []
         self._workers: dict[int, _WorkerProcess] = {}
-        self._inflight: dict[int, list[ScoreTask]] = {}
+        self._inflight: dict[int, deque[_Sent]] = {}
         self._closing = False
         self._started = False
         self._last_start_error = ""
@@ -216,7 +226,7 @@ class WorkerPool:
     async def start(self, wait_ready: bool = True) -> None:
         """Start every slot; with `wait_ready`, return once all workers said ready (or
         raise when none could start)."""
-        self._cond = asyncio.Condition()
+        self._work = asyncio.Event()
         self._started = True
         self._slots = [
             asyncio.create_task(self._slot_loop(i), name=f"reward-slot-{i}")
@@ -230,22 +240,26 @@ class WorkerPool:
                 if self.ready_workers == 0:
                     await self.close()
                     raise RuntimeError(f"no reward worker started: {self._last_start_error}")
-                log.warning("only %d/%d reward workers ready", self.ready_workers, self.config.num_workers)
+                log.warning(
+                    "only %d/%d reward workers ready", self.ready_workers, self.config.num_workers
+                )
                 return
             await asyncio.sleep(0.02)
 
     async def close(self) -> None:
-        """Stop the slots, kill the workers, fail what is still queued."""
+        """Stop the slots, kill the workers, fail what is queued or in flight."""
         self._closing = True
-        for task in self._slots:
-            task.cancel()
-        for task in self._slots:
+        if self._work is not None:
+            self._work.set()
+        for slot_task in self._slots:
+            slot_task.cancel()
+        for slot_task in self._slots:
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+                await slot_task
         for worker in list(self._workers.values()):
             await worker.kill()
         self._workers.clear()
-        pending = [t for chunk in self._inflight.values() for t in chunk]
+        pending = [sent.task for inflight in self._inflight.values() for sent in inflight]
         self._inflight.clear()
         pending.extend(self._queue)
         self._queue.clear()
@@ -278,58 +292,85 @@ class WorkerPool:
             raise PoolFullError(len(tasks), max(free, 0))
         self._queue.extend(tasks)
         self._update_gauges()
-        self._notify()
+        self._signal_work()
 
     async def score(self, tasks: Sequence[ScoreTask]) -> list[TaskResult]:
         self.submit(tasks)
         return list(await asyncio.gather(*(t.future for t in tasks)))
 
-    def _notify(self) -> None:
-        async def _wake() -> None:
-            assert self._cond is not None
-            async with self._cond:
-                self._cond.notify_all()
-
-        asyncio.get_running_loop().create_task(_wake())
+    def _signal_work(self) -> None:
+        if self._work is not None and self._queue:
+            self._work.set()
 
     def _update_gauges(self) -> None:
         if self.metrics is not None:
             self.metrics.queue_items.set(len(self._queue))
             self.metrics.workers_ready.set(len(self._workers))
 
+    # --- the queue -----------------------------------------------------------------------
+
+    def _take_nowait(self) -> list[ScoreTask]:
+        """A fair share of the queue (at most `max_chunk`), skipping abandoned tasks."""
+        share = math.ceil(len(self._queue) / self.config.num_workers)
+        n = max(1, min(self.config.max_chunk, share))
+        chunk: list[ScoreTask] = []
+        while self._queue and len(chunk) < n:
+            task = self._queue.popleft()
+            if not task.future.done():  # the caller went away: skip it
+                chunk.append(task)
+        if self._queue:
+            self._signal_work()
+        self._update_gauges()
+        return chunk
+
+    async def _take(self) -> list[ScoreTask]:
+        """Wait until there is work (or the pool closes), then take a share."""
+        assert self._work is not None
+        while not self._queue and not self._closing:
+            self._work.clear()
+            await self._work.wait()
+        return self._take_nowait()
+
+    def _requeue(self, tasks: Sequence[ScoreTask]) -> None:
+        """Put tasks a dead worker had not started back at the front, in order."""
+        self._queue.extendleft(reversed(tasks))
+        self._update_gauges()
+        self._signal_work()
+
+    def _fail_queued(self, message: str) -> None:
+        while self._queue:
+            self._queue.popleft().resolve(TaskResult(ERROR, 0.0, message, 0.0))
+        self._update_gauges()
+
     # --- the slots -----------------------------------------------------------------------
 
     async def _slot_loop(self, slot: int) -> None:
-        worker: _WorkerProcess | None = None
+        """Keep one worker alive in this slot and feed it until the pool closes."""
         failures = 0
-        try:
-            while not self._closing:
-                if worker is None:
-                    try:
-                        worker = await self._spawn()
-                        failures = 0
-                    except Exception as exc:  # noqa: BLE001 - reported and retried with backoff
-                        failures += 1
-                        self._last_start_error = f"{type(exc).__name__}: {exc}"
-                        log.error("reward worker failed to start", extra={"slot": slot, "error": self._last_start_error})
-                        if not self._workers:
-                            self._fail_queued(f"no reward worker could start: {self._last_start_error}")
-                        await asyncio.sleep(min(30.0, 0.5 * 2 ** min(failures, 6)))
-                        continue
-                    self._workers[slot] = worker
+        while not self._closing:
+            try:
+                worker = await self._spawn()
+                failures = 0
+            except Exception as exc:  # noqa: BLE001 - reported and retried with backoff
+                failures += 1
+                self._last_start_error = f"{type(exc).__name__}: {exc}"
+                log.error(
+                    "reward worker failed to start",
+                    extra={"slot": slot, "error": self._last_start_error},
+                )
+                if not self._workers:
+                    self._fail_queued(f"no reward worker could start: {self._last_start_error}")
+                await asyncio.sleep(min(30.0, 0.5 * 2 ** min(failures, 6)))
+                continue
+            self._workers[slot] = worker
+            self._update_gauges()
+            try:
+                await self._feed(slot, worker)
+            finally:
+                if self._workers.get(slot) is worker:
+                    del self._workers[slot]
                     self._update_gauges()
-                chunk = await self._take()
-                if not chunk:
-                    continue
-                self._inflight[slot] = chunk
-                alive = await self._run_chunk(slot, worker, chunk)
-                self._inflight.pop(slot, None)
-                if not alive:
-                    worker = None
-        finally:
-            if worker is not None:
-                self._workers.pop(slot, None)
-                await worker.kill()
+                    await worker.kill()
 
     async def _spawn(self) -> _WorkerProcess:
         env = dict(os.environ)
@@ -353,14 +394,16 @@ class WorkerPool:
         worker = _WorkerProcess(transport, protocol)
         try:
             worker.send(
-                {
-                    "op": "init",
-                    "memory_bytes": self.config.memory_bytes,
-                    "cpu_seconds": self.config.cpu_seconds,
-                    "sys_path": [p for p in sys.path if p],
-                    "preload": list(self.config.preload),
-                    "warmup": list(self.config.warmup),
-                }
+                encode_frame(
+                    {
+                        "op": "init",
+                        "memory_bytes": self.config.memory_bytes,
+                        "cpu_seconds": self.config.cpu_seconds,
+                        "sys_path": [p for p in sys.path if p],
+                        "preload": list(self.config.preload),
+                        "warmup": list(self.config.warmup),
+                    }
+                )
             )
             async with asyncio.timeout(self.config.start_timeout_s):
                 ready = await worker.recv()
@@ -376,32 +419,6 @@ class WorkerPool:
             ) from None
         return worker
 
-    def _fail_queued(self, message: str) -> None:
-        while self._queue:
-            self._queue.popleft().resolve(TaskResult(ERROR, 0.0, message, 0.0))
-        self._update_gauges()
-
-    async def _take(self) -> list[ScoreTask]:
-        """Wait for work; take a fair share of the queue (at most `max_chunk`)."""
-        assert self._cond is not None
-        async with self._cond:
-            await self._cond.wait_for(lambda: bool(self._queue) or self._closing)
-        share = math.ceil(len(self._queue) / self.config.num_workers)
-        n = max(1, min(self.config.max_chunk, share))
-        chunk: list[ScoreTask] = []
-        while self._queue and len(chunk) < n:
-            task = self._queue.popleft()
-            if not task.future.done():  # the caller went away: skip it
-                chunk.append(task)
-        self._update_gauges()
-        return chunk
-
-    def _requeue(self, tasks: Sequence[ScoreTask]) -> None:
-        self._queue.extendleft(reversed(tasks))
-        self._update_gauges()
-        if tasks:
-            self._notify()
-
     def _take_out(self, slot: int, worker: _WorkerProcess, reason: str) -> None:
         """Remove the worker from service and count the restart. Done before the failed
         item is resolved, so a caller that sees TIMEOUT never sees the old worker listed."""
@@ -411,94 +428,133 @@ class WorkerPool:
         if self.metrics is not None:
             self.metrics.worker_restarts.labels(reason=reason).inc()
 
-    async def _retire(self, slot: int, worker: _WorkerProcess, reason: str) -> int | None:
-        """`_take_out`, then kill and reap; returns the exit status."""
-        self._take_out(slot, worker, reason)
-        return await worker.kill()
-
-    async def _run_chunk(self, slot: int, worker: _WorkerProcess, chunk: list[ScoreTask]) -> bool:
-        """Score `chunk` on `worker`; returns whether the worker is still usable."""
-        items = [
-            {"id": i, "fn": task.fn_path, **task.payload} for i, task in enumerate(chunk)
-        ]
+    def _send(self, worker: _WorkerProcess, chunk: list[ScoreTask], inflight: deque[_Sent]) -> None:
+        """Write one chunk to the worker; an item that cannot be encoded fails alone."""
+        items = [{"id": i, "fn": t.fn_path, **t.payload} for i, t in enumerate(chunk)]
         try:
             frame = encode_frame({"op": "score", "items": items})
-        except (ProtocolError, ValueError) as exc:
-            for task in chunk:
-                task.resolve(TaskResult(ERROR, 0.0, f"cannot send item to worker: {exc}", 0.0))
-            return True
-        start = time.monotonic()
+        except (ProtocolError, ValueError):
+            keep: list[int] = []
+            for i, task in enumerate(chunk):
+                try:
+                    encode_frame(items[i])
+                    keep.append(i)
+                except (ProtocolError, ValueError) as exc:
+                    task.resolve(TaskResult(ERROR, 0.0, f"cannot send item to worker: {exc}", 0.0))
+            chunk = [chunk[i] for i in keep]
+            if not chunk:
+                return
+            frame = encode_frame({"op": "score", "items": [items[i] for i in keep]})
+        worker.send(frame)
+        sent_at = time.monotonic()
+        inflight.extend(_Sent(task, sent_at) for task in chunk)
+
+    async def _feed(self, slot: int, worker: _WorkerProcess) -> None:
+        """Send chunks to `worker` and collect its results until it dies or is killed.
+
+        Up to two chunks are in flight: the next one waits in the worker's pipe while the
+        current one runs, so the worker never idles while the service (busy, or not yet
+        scheduled on a loaded machine) gets round to sending more. Results arrive in
+        order; the head item started when the previous item ended (`t1`), or when its
+        chunk was sent if the worker was idle, and its deadline counts from there.
+        """
+        inflight: deque[_Sent] = deque()
+        self._inflight[slot] = inflight
+        last_t1 = 0.0
         try:
-            worker.stdin.write(frame)
-        except (ConnectionError, RuntimeError):
-            code = await self._retire(slot, worker, "crash")
-            log.warning("reward worker pipe broken", extra={"pid": worker.pid, "exit": describe_exit(code)})
-            self._requeue(chunk)
-            return False
-        for i, task in enumerate(chunk):
-            deadline = start + task.deadline_s
-            try:
-                if worker.has_frame():
-                    result = await worker.recv()  # already here: no timer, no suspension
+            while not self._closing:
+                if len(inflight) < self.config.max_chunk:
+                    chunk = await self._take() if not inflight else self._take_nowait()
+                    if chunk:
+                        self._send(worker, chunk, inflight)
+                if not inflight:
+                    continue
+                head = inflight[0]
+                deadline = max(last_t1, head.sent_at) + head.task.deadline_s
+                try:
+                    if worker.has_frame():
+                        result = await worker.recv()  # already here: no timer, no suspension
+                    else:
+                        # `timeout_at` (a timer, not a task per item like `wait_for`); the
+                        # loop's clock is time.monotonic, the clock of the deadline.
+                        async with asyncio.timeout_at(deadline):
+                            result = await worker.recv()
+                except TimeoutError:
+                    # Kill first, answer at once, reap after: the caller waits for the
+                    # deadline plus a signal, not for the kernel to free a large heap.
+                    self._take_out(slot, worker, "timeout")
+                    worker.send_kill()
+                    inflight.popleft()
+                    self._requeue([s.task for s in inflight])
+                    inflight.clear()
+                    elapsed = time.monotonic() - max(last_t1, head.sent_at)
+                    self._finish(
+                        head.task,
+                        TaskResult(
+                            TIMEOUT,
+                            0.0,
+                            f"deadline of {head.task.deadline_s:g}s exceeded; "
+                            f"worker {worker.pid} killed and replaced",
+                            elapsed,
+                        ),
+                    )
+                    await worker.wait()
+                    return
+                except (_WorkerGone, ConnectionError, ProtocolError) as exc:
+                    self._take_out(slot, worker, "crash")
+                    code = await worker.kill()
+                    inflight.popleft()
+                    self._requeue([s.task for s in inflight])
+                    inflight.clear()
+                    detail = str(exc) if isinstance(exc, ProtocolError) else describe_exit(code)
+                    self._finish(
+                        head.task,
+                        TaskResult(
+                            ERROR,
+                            0.0,
+                            f"worker {worker.pid} died while scoring ({detail}); a crash in "
+                            f"native code or the {self.config.memory_bytes >> 20} MiB memory limit",
+                            time.monotonic() - max(last_t1, head.sent_at),
+                        ),
+                    )
+                    return
+                inflight.popleft()
+                last_t1 = float(result["t1"])
+                outcome = TaskResult(
+                    result["status"],
+                    float(result["reward"]),
+                    result["message"],
+                    max(0.0, last_t1 - float(result["t0"])),
+                )
+                if result.get("restart"):
+                    # The worker broke a limit, reported it and exits: replace it first.
+                    self._take_out(slot, worker, result.get("reason") or "limit")
+                    await worker.kill()
+                    self._requeue([s.task for s in inflight])
+                    inflight.clear()
+                    self._finish(head.task, outcome)
+                    return
+                self._finish(head.task, outcome)
+                if inflight and not worker.has_frame() and self.config.coalesce_s > 0:
+                    # Let a few results pile up and handle them in one wake-up: on few
+                    # cores the service's per-wake-up cost competes with the workers.
+                    # Deadlines are absolute, so this delays reading a result, never a
+                    # kill, by at most coalesce_s.
+                    await asyncio.sleep(self.config.coalesce_s)
+        finally:
+            if self._inflight.get(slot) is inflight:
+                del self._inflight[slot]
+            if inflight:  # only when cancelled: every other exit cleared it
+                if self._closing:
+                    for sent in inflight:
+                        if not sent.task.future.done():
+                            sent.task.future.set_exception(PoolClosedError("reward pool closed"))
                 else:
-                    # `timeout_at` (a timer, not a task per item like `wait_for`); the
-                    # loop's clock is time.monotonic, the clock of the deadline.
-                    async with asyncio.timeout_at(deadline):
-                        result = await worker.recv()
-            except TimeoutError:
-                # Kill first, answer at once, reap after: the caller's wait is the deadline
-                # plus a signal, not plus the kernel tearing down a large address space.
-                self._take_out(slot, worker, "timeout")
-                worker.send_kill()
-                elapsed = time.monotonic() - start
-                self._requeue(chunk[i + 1 :])
-                task.resolve(
-                    TaskResult(
-                        TIMEOUT,
-                        0.0,
-                        f"deadline of {task.deadline_s:g}s exceeded; worker {worker.pid} killed and replaced",
-                        elapsed,
-                    )
-                )
-                self._observe(task, elapsed)
-                await worker.wait()
-                return False
-            except (_WorkerGone, ConnectionError, ProtocolError) as exc:
-                code = await self._retire(slot, worker, "crash")
-                elapsed = time.monotonic() - start
-                detail = describe_exit(code) if not isinstance(exc, ProtocolError) else str(exc)
-                limit = self.config.memory_bytes >> 20
-                self._requeue(chunk[i + 1 :])
-                task.resolve(
-                    TaskResult(
-                        ERROR,
-                        0.0,
-                        f"worker {worker.pid} died while scoring ({detail}); "
-                        f"a crash in native code or the {limit} MiB memory limit",
-                        elapsed,
-                    )
-                )
-                self._observe(task, elapsed)
-                return False
-            seconds = max(0.0, float(result["t1"]) - float(result["t0"]))
-            outcome = TaskResult(result["status"], float(result["reward"]), result["message"], seconds)
-            start = max(float(result["t1"]), start)
-            if result.get("restart"):
-                # The worker reported a broken limit and exits: replace it first.
-                await self._retire(slot, worker, result.get("reason") or "limit")
-                self._requeue(chunk[i + 1 :])
-                task.resolve(outcome)
-                self._observe(task, seconds)
-                return False
-            task.resolve(outcome)
-            self._observe(task, seconds)
-            if i + 1 < len(chunk) and not worker.has_frame() and self.config.coalesce_s > 0:
-                # Let a few results pile up and handle them in one wake-up: on few cores
-                # the service's per-wake-up cost competes with the workers. Deadlines are
-                # absolute (from the worker's clock), so this delays reading a result,
-                # never a kill, by at most coalesce_s.
-                await asyncio.sleep(self.config.coalesce_s)
-        return True
+                    self._requeue([sent.task for sent in inflight])
+
+    def _finish(self, task: ScoreTask, result: TaskResult) -> None:
+        task.resolve(result)
+        self._observe(task, result.seconds)
 
     def _observe(self, task: ScoreTask, seconds: float) -> None:
         if self.metrics is not None:

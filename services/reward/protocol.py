@@ -22,7 +22,6 @@ so the service knows when the next item of a chunk started and can time its dead
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import struct
@@ -123,12 +122,3 @@ class FrameParser:
         if pos:
             del buf[:pos]  # compact once per feed, not once per frame
         return frames
-
-
-
-async def read_frame(reader: asyncio.StreamReader) -> dict[str, Any]:
-    """Next frame; raises `asyncio.IncompleteReadError` when the worker's pipe closed."""
-    head = await reader.readexactly(HEADER.size)
-    (length,) = HEADER.unpack(head)
-    _check_length(length)
-    return decode_body(await reader.readexactly(length))

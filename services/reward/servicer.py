@@ -74,7 +74,14 @@ def _utf8_error(exc: UnicodeDecodeError) -> str:
     return f"completion is not valid UTF-8 ({exc.reason} at byte {exc.start})"
 
 
-def _result(status: str, reward: float = 0.0, message: str = "", *, cached: bool = False, seconds: float = 0.0) -> reward_pb2.ScoreResult:
+def _result(
+    status: str,
+    reward: float = 0.0,
+    message: str = "",
+    *,
+    cached: bool = False,
+    seconds: float = 0.0,
+) -> reward_pb2.ScoreResult:
     return reward_pb2.ScoreResult(
         reward=reward if status == OK else 0.0,
         status=STATUS_TO_PROTO[status],
@@ -206,7 +213,9 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
                     entry.invalid = f"kwargs_json is not valid JSON: {exc}"
                     continue
                 if not isinstance(fields, dict):
-                    entry.invalid = f"kwargs_json must be a JSON object, got {type(fields).__name__}"
+                    entry.invalid = (
+                        f"kwargs_json must be a JSON object, got {type(fields).__name__}"
+                    )
                     continue
                 clash = sorted(POSITIONAL.intersection(fields))
                 if clash:
@@ -261,17 +270,19 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
         try:
             # One wake-up for the whole batch (awaiting each future in turn would wake
             # this coroutine once per item).
-            for task, res in zip(tasks, await asyncio.gather(*(t.future for t in tasks)), strict=True):
+            for task, res in zip(
+                tasks, await asyncio.gather(*(t.future for t in tasks)), strict=True
+            ):
                 done[id(task)] = res
         except BaseException:
             # The caller went away (or the pool closed): queued items need not be scored.
             for task in tasks:
                 task.future.cancel()
             raise
-        for i, task in enumerate(task_of):
-            if task is None:
+        for i, shared in enumerate(task_of):
+            if shared is None:
                 continue
-            res = done[id(task)]
+            res = done[id(shared)]
             item = items[i]
             self.metrics.result(item.fn_name, res.status)
             if res.status == OK and item.key is not None and self.cache is not None:

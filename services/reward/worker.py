@@ -79,9 +79,7 @@ def as_reward(value: Any) -> float:
     if isinstance(value, bool):
         return float(value)
     if not isinstance(value, numbers.Real):
-        raise TypeError(
-            f"reward function returned {type(value).__name__}, expected a float"
-        )
+        raise TypeError(f"reward function returned {type(value).__name__}, expected a float")
     reward = float(value)
     if not math.isfinite(reward):
         raise ValueError(f"reward function returned {reward}, expected a finite float")

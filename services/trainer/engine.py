@@ -9,6 +9,7 @@ joins the FSDP all-gathers (and, in training, the reduce-scatters).
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 from torch import nn
@@ -24,6 +25,11 @@ from services.trainer.model import (
     shard_model,
 )
 from services.trainer.optim import build_optimizer, build_scheduler
+
+
+# The critic's head output is a view; nothing here modifies a model output in place (values
+# are built out of place), which is what this FSDP2 warning is about.
+warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
 
 
 class TrainEngine:
@@ -117,14 +123,21 @@ class TrainEngine:
         if stepped:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
+        self._advance_schedule()
         return value, stepped
+
+    def _advance_schedule(self) -> None:
+        assert self.scheduler is not None
+        with warnings.catch_warnings():
+            # A skipped update still advances the schedule on purpose.
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
+            self.scheduler.step()
 
     def skip_step(self) -> None:
         """Advance the schedule without an update (a minibatch with nothing to learn)."""
         assert self.optimizer is not None and self.scheduler is not None
         self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
+        self._advance_schedule()
 
     @property
     def lr(self) -> float:

@@ -68,3 +68,8 @@ def assert_groups_equal(a: TrajectoryGroup, b: TrajectoryGroup) -> None:
         assert x.reward == y.reward
         assert x.prompt_len == y.prompt_len
         assert x.metadata == y.metadata
+
+
+def exploding_filter(group: TrajectoryGroup) -> bool:
+    """A user filter with a bug (for the tests of how the buffer survives it)."""
+    raise RuntimeError(f"boom on {group.group_id}")

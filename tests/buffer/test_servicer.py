@@ -293,14 +293,13 @@ async def test_many_producers_and_a_consumer_over_grpc(make_buffer) -> None:
     async def consumer() -> list[str]:
         got: list[str] = []
         while True:
-            out = await client.claim(
-                4, consumer_id="t", wait_ms=20, allow_partial=finished.is_set()
-            )
+            last = finished.is_set()  # decided before the claim: then take what is left
+            out = await client.claim(4, consumer_id="t", wait_ms=20, allow_partial=last)
             got += out.group_ids
             if out.groups:
                 await client.ack(out.group_ids, consumer_id="t")
                 await client.set_version(out.version + 1)
-            elif finished.is_set():
+            elif last:
                 return got
 
     task = asyncio.create_task(consumer())
@@ -381,3 +380,29 @@ async def test_groups_outside_the_fast_check_are_decided_by_the_codec(make_buffe
     assert (await client.put(multi)).result == "admitted"
     (got,) = (await client.claim(1, consumer_id="t")).groups
     np.testing.assert_array_equal(got.trajectories[0].turn_ids, [-1, -1, -1, 0, 0, 1, 1])
+
+
+@pytest.mark.parametrize("where", ["put", "claim"])
+async def test_a_failing_user_filter_answers_internal_and_loses_nothing(make_buffer, where) -> None:
+    from . import helpers
+
+    _, client = await make_buffer(
+        buffer={"filter": f"{helpers.__name__}:exploding_filter", "filter_at": where}
+    )
+    client.retries = 0
+    stub = buffer_pb2_grpc.BufferServiceStub(client.channel)
+    req = buffer_pb2.PutRequest(request_id="p", group=group_to_proto(make_group("g")))
+    if where == "put":
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.Put(req)
+        s = await client.stats()
+        assert (s.put_total, s.stored_groups) == (0, 0)  # not decided: the producer may retry
+    else:
+        await stub.Put(req)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await client.claim(1, consumer_id="t")
+        s = await client.stats()
+        assert (s.put_total, s.pending, s.in_flight, s.claimed_total) == (1, 1, 0, 0)
+    assert err.value.code() == grpc.StatusCode.INTERNAL
+    assert "RuntimeError: boom on g" in err.value.details()
+    assert s.invariant_ok

@@ -28,14 +28,20 @@ FAULTY = "tests.reward.faulty"
 class RunningReward:
     """`RewardService` started on a private loop thread; `stop()` drains and joins."""
 
-    def __init__(self, config: RewardConfig, *, metrics: bool = False, auth_token: str | None = None) -> None:
+    def __init__(
+        self, config: RewardConfig, *, metrics: bool = False, auth_token: str | None = None
+    ) -> None:
         self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="reward-loop")
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, daemon=True, name="reward-loop"
+        )
         self._thread.start()
 
         async def build() -> RewardService:
             svc = RewardService(
-                RewardParts(reward=config, metrics_port=0 if metrics else None, auth_token=auth_token)
+                RewardParts(
+                    reward=config, metrics_port=0 if metrics else None, auth_token=auth_token
+                )
             )
             await svc.start()
             return svc

@@ -71,7 +71,10 @@ def test_exact_match() -> None:
 
 
 def test_geometry3k_style() -> None:
-    assert call(b.geometry3k_reward, "<think>...</think> The length is [2\\sqrt{3}]", "\\sqrt{12}") == 1.0
+    assert (
+        call(b.geometry3k_reward, "<think>...</think> The length is [2\\sqrt{3}]", "\\sqrt{12}")
+        == 1.0
+    )
     assert call(b.geometry3k_reward, "Angle measure: [40/3]", "\\frac{40}{3}") == 1.0
     assert call(b.geometry3k_reward, "so \\boxed{13}", "12") == 0.0
 
@@ -90,13 +93,19 @@ def test_clevr_count_style() -> None:
         ("End with '#### <answer>'.", "12+3=15, answer 15", 0.0),
         ("Put the answer in \\boxed{}.", "so \\boxed{15}", 1.0),
         ("Put the answer in \\boxed{}.", "so \\boxed{}", 0.0),
-        ("Use <think></think> then <answer></answer>.", "<think>12+3</think>\n<answer>15</answer>", 1.0),
+        (
+            "Use <think></think> then <answer></answer>.",
+            "<think>12+3</think>\n<answer>15</answer>",
+            1.0,
+        ),
         ("Use <think></think> then <answer></answer>.", "<answer>15</answer>", 0.0),
         ("12+3=", "#### 15", 1.0),  # prompt does not say: any final-answer marker
         ("12+3=", "15", 0.0),
     ],
 )
-def test_format_reward_reads_the_asked_form_from_the_prompt(prompt: str, completion: str, expected: float) -> None:
+def test_format_reward_reads_the_asked_form_from_the_prompt(
+    prompt: str, completion: str, expected: float
+) -> None:
     assert call(b.format_reward, completion, "15", prompt=prompt) == expected
 
 
@@ -128,7 +137,7 @@ def test_fuzz_sympy_free_rewards_are_zero_or_one(completion: str, answer: str, p
 @settings(max_examples=200, deadline=None)
 @given(
     noise=st.text(alphabet=st.sampled_from(list("abc xyz,.!\n")), max_size=80),
-    n=st.integers(-10**6, 10**6),
+    n=st.integers(-(10**6), 10**6),
 )
 def test_fuzz_gsm8k_marker_answers(noise: str, n: int) -> None:
     # Numbers only (no `^`/braces): math-verify cannot hang on these, so it runs in-process.

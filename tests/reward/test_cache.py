@@ -9,7 +9,9 @@ def test_key_separates_fields_and_sorts_kwargs() -> None:
     k = cache_key("m:f", b"ab", "c", {})
     assert k != cache_key("m:f", b"a", "bc", {})  # no concatenation collisions
     assert k != cache_key("m:g", b"ab", "c", {})
-    assert cache_key("m:f", b"x", "1", {"a": 1, "b": 2}) == cache_key("m:f", b"x", "1", {"b": 2, "a": 1})
+    assert cache_key("m:f", b"x", "1", {"a": 1, "b": 2}) == cache_key(
+        "m:f", b"x", "1", {"b": 2, "a": 1}
+    )
     assert cache_key("m:f", b"x", "1", {"a": 1}) != cache_key("m:f", b"x", "1", {"a": 2})
 
 

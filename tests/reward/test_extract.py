@@ -101,7 +101,7 @@ def test_fuzz_extractors_never_raise(text: str) -> None:
 
 
 @FUZZ
-@given(prefix=model_text.filter(lambda t: "####" not in t), n=st.integers(-10**9, 10**9))
+@given(prefix=model_text.filter(lambda t: "####" not in t), n=st.integers(-(10**9), 10**9))
 def test_fuzz_hash_marker_wins_over_any_prefix(prefix: str, n: int) -> None:
     text = f"{prefix}\n#### {n}"
     assert extract.final_answer(text) == str(n)

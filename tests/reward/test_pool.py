@@ -24,7 +24,13 @@ ARITH = "services.reward.builtins:arithmetic_reward"
 FAULTY = "tests.reward.faulty"
 
 
-def task(fn: str = ARITH, completion: str = "#### 4", answer: str = "4", deadline_s: float = 30.0, **kwargs: object) -> ScoreTask:
+def task(
+    fn: str = ARITH,
+    completion: str = "#### 4",
+    answer: str = "4",
+    deadline_s: float = 30.0,
+    **kwargs: object,
+) -> ScoreTask:
     payload = {
         "prompt": "2+2=",
         "completion": completion,

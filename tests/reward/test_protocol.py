@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 
 import pytest
@@ -34,11 +33,20 @@ def test_nan_is_refused_and_garbage_frames_raise() -> None:
         protocol.decode_body(b"[1, 2]")
 
 
-async def test_async_reader_and_oversized_length() -> None:
-    reader = asyncio.StreamReader()
-    reader.feed_data(protocol.encode_frame({"op": "ready", "pid": 1}))
-    reader.feed_data(protocol.HEADER.pack(protocol.MAX_FRAME_BYTES + 1))
-    reader.feed_eof()
-    assert await protocol.read_frame(reader) == {"op": "ready", "pid": 1}
+def test_incremental_parser_handles_split_and_joined_frames() -> None:
+    a = protocol.encode_frame({"op": "result", "id": 0, "reward": 1.0})
+    b = protocol.encode_frame({"op": "result", "id": 1, "reward": 0.0})
+    parser = protocol.FrameParser()
+    data = a + b
+    # Byte by byte: nothing until the first frame is whole, then exactly one frame.
+    got = [f for byte in data[: len(a) - 1] for f in parser.feed(bytes([byte]))]
+    assert got == []
+    assert parser.feed(data[len(a) - 1 : len(a)]) == [{"op": "result", "id": 0, "reward": 1.0}]
+    assert parser.feed(data[len(a) :]) == [{"op": "result", "id": 1, "reward": 0.0}]
+    # Two frames in one read come out together.
+    assert [f["id"] for f in protocol.FrameParser().feed(a + b)] == [0, 1]
+
+
+def test_parser_refuses_oversized_length() -> None:
     with pytest.raises(protocol.ProtocolError, match="exceeds"):
-        await protocol.read_frame(reader)
+        protocol.FrameParser().feed(protocol.HEADER.pack(protocol.MAX_FRAME_BYTES + 1))

@@ -35,7 +35,13 @@ def svc() -> Iterator[RunningReward]:
         service.stop()
 
 
-def item(completion: str | bytes, answer: str = "10", fn: str = "", deadline_ms: int = 0, **kwargs: object) -> S.ScoreRequest:
+def item(
+    completion: str | bytes,
+    answer: str = "10",
+    fn: str = "",
+    deadline_ms: int = 0,
+    **kwargs: object,
+) -> S.ScoreRequest:
     raw = completion.encode() if isinstance(completion, str) else completion
     return S.ScoreRequest(
         fn=fn,
@@ -49,7 +55,9 @@ def item(completion: str | bytes, answer: str = "10", fn: str = "", deadline_ms:
     )
 
 
-def batch(svc: RunningReward, items: list[S.ScoreRequest], request_id: str = "") -> list[S.ScoreResult]:
+def batch(
+    svc: RunningReward, items: list[S.ScoreRequest], request_id: str = ""
+) -> list[S.ScoreResult]:
     resp = svc.stub.ScoreBatch(S.ScoreBatchRequest(request_id=request_id, items=items), timeout=120)
     assert len(resp.results) == len(items)
     return list(resp.results)
@@ -270,9 +278,12 @@ async def test_many_concurrent_batches_get_every_result_once(svc: RunningReward)
     # 16 batches x 24 items at once; echo_kwargs returns weight * 2 + 1, a value unique to
     # each item, so a result delivered to the wrong item or twice would show.
     async with RewardClient(svc.address) as client:
+
         async def one(b: int) -> list[float]:
             items = [
-                ScoreItem(completion="x", prompt="p", prompt_ids=[7, 8], kwargs={"weight": b * 100 + k})
+                ScoreItem(
+                    completion="x", prompt="p", prompt_ids=[7, 8], kwargs={"weight": b * 100 + k}
+                )
                 for k in range(24)
             ]
             out = await client.score_batch(items, fn="echo_kwargs")
@@ -289,17 +300,27 @@ async def test_many_concurrent_batches_get_every_result_once(svc: RunningReward)
 completion_bytes = st.one_of(
     st.binary(max_size=300),
     st.text(max_size=300).map(lambda t: t.encode("utf-8", "surrogatepass")),
-    st.builds(lambda pre, n: f"{pre}\n#### {n}".encode("utf-8", "surrogatepass"), st.text(max_size=100), st.integers()),
+    st.builds(
+        lambda pre, n: f"{pre}\n#### {n}".encode("utf-8", "surrogatepass"),
+        st.text(max_size=100),
+        st.integers(),
+    ),
 )
 fuzz_item = st.builds(
     lambda c, a, fn: S.ScoreRequest(fn=fn, completion=c, answer=a, prompt="p", deadline_ms=2000),
     completion_bytes,
     st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=40),
-    st.sampled_from(["gsm8k", "math", "exact_match", "geometry3k", "clevr_count", "format", "arithmetic"]),
+    st.sampled_from(
+        ["gsm8k", "math", "exact_match", "geometry3k", "clevr_count", "format", "arithmetic"]
+    ),
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(items=st.lists(fuzz_item, min_size=1, max_size=10))
 def test_fuzz_every_result_is_well_formed(svc: RunningReward, items: list[S.ScoreRequest]) -> None:
     results = batch(svc, items)

@@ -30,7 +30,9 @@ def test_ok_error_and_bad_return_values() -> None:
     assert ok["t1"] >= ok["t0"]
     raised = w.score(item(f"{FAULTY}:raises"))
     assert raised["status"] == "ERROR" and raised["message"] == "ValueError: bad answer field '3'"
-    assert w.score(item(f"{FAULTY}:returns_nan"))["message"].startswith("ValueError: reward function returned nan")
+    assert w.score(item(f"{FAULTY}:returns_nan"))["message"].startswith(
+        "ValueError: reward function returned nan"
+    )
     assert "returned str" in w.score(item(f"{FAULTY}:returns_text"))["message"]
     missing = w.score(item("no_such_pkg_xyz:fn"))
     assert missing["status"] == "ERROR" and "ModuleNotFoundError" in missing["message"]

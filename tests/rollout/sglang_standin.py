@@ -11,9 +11,11 @@ the client's side of the contract, not SGLang's behaviour.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -45,16 +47,15 @@ def _sampling(sp: dict[str, Any]) -> SamplingParams:
 
 
 def build_app(standin: SGLangStandIn) -> FastAPI:
-    app = FastAPI()
     eng = standin.engine
 
-    @app.on_event("startup")
-    async def _start() -> None:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await eng.start()
-
-    @app.on_event("shutdown")
-    async def _stop() -> None:
+        yield
         await eng.stop()
+
+    app = FastAPI(lifespan=lifespan)
 
     @app.get("/health")
     async def health() -> dict[str, str]:

@@ -195,7 +195,7 @@ async def test_distributed_update_per_tensor_through_a_real_gloo_group(
             rank=1,
             world_size=2,
             backend="gloo",
-            group_name="g1",
+            group_name="flywheel_weights",
         )
         init = dict(standin.calls)["/init_weights_update_group"]
         assert init == {
@@ -203,13 +203,13 @@ async def test_distributed_update_per_tensor_through_a_real_gloo_group(
             "master_port": port,
             "rank_offset": 1,
             "world_size": 2,
-            "group_name": "g1",
+            "group_name": "flywheel_weights",
             "backend": "gloo",
         }
         r = await sgl.update_weights_from_distributed(make_manifest(sd, 1), specs, 0)
         assert r.ok, r.message
         body = dict(standin.calls)["/update_weights_from_distributed"]
-        assert body["names"] == [s.name for s in specs] and body["group_name"] == "g1"
+        assert body["names"] == [s.name for s in specs] and body["group_name"] == "flywheel_weights"
         assert body["dtypes"][0] == "float32" and body["weight_version"] == "1"
         got = standin.engine.current_weights()
         assert all(torch.equal(got[k], v) for k, v in sd.items())

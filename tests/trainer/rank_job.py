@@ -28,7 +28,7 @@ def main() -> int:
     torch.set_num_threads(1)
     spec = json.loads(Path(sys.argv[1]).read_text())
     cfg = trainer_config(Path(spec["model_dir"]), Path(spec["run_root"]), *spec["overrides"])
-    ctx = init_distributed("cpu")
+    ctx = init_distributed(spec.get("device", "cpu"))
     trainer = PPOTrainer(cfg, ctx)
     results = []
     for path in spec["batches"]:

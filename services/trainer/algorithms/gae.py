@@ -46,16 +46,23 @@ def discounted_reverse_cumsum(x: Tensor, factor: Tensor, chunk: int = 64) -> Ten
     Powers never go beyond factor^C, so nothing underflows for long sequences.
     """
     n_rows, length = x.shape
-    if length == 0:
+    if length == 0 or n_rows == 0:
         return x.clone()
     c = min(chunk, length)
     pad = (-length) % c
     xs = torch.nn.functional.pad(x, (0, pad)).view(n_rows, -1, c)
     idx = torch.arange(c, device=x.device)
     expo = idx.unsqueeze(0) - idx.unsqueeze(1)  # j - i
-    f = factor.to(x.dtype).view(n_rows, 1, 1)
-    mat = torch.where(expo >= 0, f ** expo.clamp(min=0).to(x.dtype), 0.0)  # [B, C, C]
-    partial = torch.einsum("bij,bnj->bni", mat, xs)
+    upper = expo >= 0
+    expo_f = expo.clamp(min=0).to(x.dtype)
+    if bool((factor == factor[0]).all()):
+        # One factor for every row (a numeric λ): one [C, C] matrix, one matmul.
+        mat = torch.where(upper, factor[0].to(x.dtype) ** expo_f, 0.0)
+        partial = xs @ mat.T
+    else:
+        f = factor.to(x.dtype).view(n_rows, 1, 1)
+        mat_b = torch.where(upper, f**expo_f, 0.0)  # [B, C, C]
+        partial = torch.einsum("bij,bnj->bni", mat_b, xs)
     carry_w = factor.to(x.dtype).unsqueeze(1) ** (c - idx).to(x.dtype)  # [B, C]
     out = torch.empty_like(partial)
     carry = torch.zeros(n_rows, dtype=x.dtype, device=x.device)

@@ -156,35 +156,37 @@ def ppo_actor_loss(
         stats.update(m2_stats)
 
     # Ratio and surrogate.
-    log_ratio = torch.where(mask, logprobs - prox, 0.0)
+    log_ratio = torch.where(mask, logprobs - prox, 0.0)  # 0 (ratio 1) off the mask
     if importance_sampling_level == "sequence":
         ratio, adv = sequence_ratio_and_advantages(log_ratio, adv, mask, layout)
     else:
         ratio = torch.exp(log_ratio)
-    out = surrogate_fn(ratio, adv, torch.where(mask, logprobs, 0.0), params)
+    lp = logprobs if surrogate != "cispo" else torch.where(mask, logprobs, 0.0)
+    out = surrogate_fn(ratio, adv, lp, params)
     per_token = out.per_token_loss
     if behave_weight is not None:
         per_token = per_token * behave_weight
-    per_token = torch.where(mask, per_token, 0.0)
 
-    const = loss_agg_norm
-    loss = aggregate_loss(
+    loss = aggregate_loss(  # masks per_token itself
         per_token,
         mask,
         loss_agg_mode,
         denominator_mask=orig_mask,
         cu_seqlens=cu_seqlens,
         normalizer=normalizer,
-        constant=const,
+        constant=loss_agg_norm,
     )
 
+    n_kept = mask.sum()
+    denom = n_kept.clamp(min=1).to(torch.float64)
     stats.update(
         actor_loss=scalar(loss),
-        n_valid_tokens=scalar(mask.sum()),
-        importance_weight=masked_mean(ratio, mask),
-        approx_kl=masked_mean(logprobs.detach() - prox, mask),
-        clip_ratio=masked_mean(out.clipped.to(torch.float32), mask),
-        dual_clip_ratio=masked_mean(out.dual_clipped.to(torch.float32), mask),
+        n_valid_tokens=scalar(n_kept),
+        importance_weight=scalar(masked_mean(ratio, mask)),
+        # log_ratio is already 0 off the mask
+        approx_kl=scalar(log_ratio.detach().sum(dtype=torch.float64) / denom),
+        clip_ratio=scalar((out.clipped & mask).sum() / denom),
+        dual_clip_ratio=scalar((out.dual_clipped & mask).sum() / denom),
     )
     for name, value in out.extra.items():
         stats[name] = masked_mean(value, mask)

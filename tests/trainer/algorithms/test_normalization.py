@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from torch.testing import assert_close
 
 from services.trainer.algorithms.normalization import (
@@ -18,6 +21,9 @@ from services.trainer.algorithms.normalization import (
 )
 
 from . import _reference as ref
+from ._gloo_norm_worker import batch as gloo_batch
+
+WORKER = Path(__file__).with_name("_gloo_norm_worker.py")
 
 
 def test_grpo_group_normalisation_hand_computed() -> None:
@@ -163,46 +169,29 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _dist_worker(rank: int, world: int, port: int, x: torch.Tensor, mask: torch.Tensor, q) -> None:  # type: ignore[no-untyped-def]
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        rows = slice(rank * 3, (rank + 1) * 3)
-        out = normalize(
-            x[rows],
-            mask[rows],
-            mean_level="batch",
-            std_level="batch",
-            mean_leave1out=False,
-            process_group=dist.group.WORLD,
-        )
-        q.put((rank, out))
-    finally:
-        dist.destroy_process_group()
-
-
 def test_batch_level_all_reduce_over_real_gloo_group_equals_single_process() -> None:
-    # Two real gloo ranks each hold half of the batch; with the process group the result
-    # must equal normalising the whole batch in one process.
-    g = torch.Generator().manual_seed(7)
-    x = torch.randn(6, 5, generator=g) * 3 + 1
-    mask = torch.rand(6, 5, generator=g) < 0.7
+    # Two real gloo ranks (separate processes) each hold half of the batch; with the process
+    # group the result must equal normalising the whole batch in one process.
+    x, mask = gloo_batch()  # the same seeded batch the ranks build
     whole = normalize(x, mask, mean_level="batch", std_level="batch")
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_dist_worker, args=(r, 2, port, x, mask, q)) for r in range(2)]
+    port = str(_free_port())
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), str(rank), "2", port],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for rank in range(2)
+    ]
+    outs = []
     for p in procs:
-        p.start()
-    results = dict(q.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
-    assert_close(torch.cat([results[0], results[1]]), whole, rtol=1e-6, atol=1e-6)
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        outs.append(torch.tensor(json.loads(out.strip().splitlines()[-1])))
+    assert_close(torch.cat(outs), whole, rtol=1e-6, atol=1e-6)
     # Without the all-reduce each half would use its own statistics (a real difference).
     local = normalize(x[:3], mask[:3], mean_level="batch", std_level="batch")
     assert not torch.allclose(local, whole[:3], atol=1e-3)

@@ -76,7 +76,10 @@ def test_presets_are_the_advertised_combinations() -> None:
     assert should_accept_from_config(a["grpo"])([1.0, 1.0]) is True
     # off-policy corrections
     assert a["icepop"].rejection_sampling.metric == "ratio"
-    assert (a["icepop"].rejection_sampling.lower, a["icepop"].rejection_sampling.upper) == (0.5, 5.0)
+    assert (a["icepop"].rejection_sampling.lower, a["icepop"].rejection_sampling.upper) == (
+        0.5,
+        5.0,
+    )
     assert a["kpop"].rejection_sampling.metric == "binary_kl"
     assert a["m2po"].m2_threshold == 0.04
     # proximal policy methods

@@ -122,7 +122,9 @@ def test_one_minibatch_with_recompute_gives_importance_weight_exactly_one(
     assert (moved * a).sum() > 0
 
 
-def test_reuse_train_logp_is_exact_with_one_minibatch(tiny_model_dir: Path, gen: torch.Generator) -> None:
+def test_reuse_train_logp_is_exact_with_one_minibatch(
+    tiny_model_dir: Path, gen: torch.Generator
+) -> None:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, torch_dtype=torch.float32)

@@ -172,12 +172,6 @@ app.kubernetes.io/part-of: flywheel
 {{- end }}
 {{- end -}}
 
-{{- define "flywheel.overrideArgs" -}}
-{{- range .Values.extraOverrides }}
-- {{ . | quote }}
-{{- end }}
-{{- end -}}
-
 {{/* Probes: startup and readiness are native gRPC health checks of the service; liveness
      is HTTP /healthz, because a service is deliberately NOT_SERVING while it drains or
      applies new weights, and that must take it out of the Service, not restart it.
@@ -306,7 +300,9 @@ affinity:
     - {{ . | quote }}
     {{- end }}
     - {{ printf "services.%s.host=0.0.0.0" .component | quote }}
-    {{- include "flywheel.overrideArgs" $root | nindent 4 }}
+    {{- range $root.Values.extraOverrides }}
+    - {{ . | quote }}
+    {{- end }}
   env:
     {{- include "flywheel.commonEnv" $root | nindent 4 }}
     {{- with .extraEnv }}

@@ -1,0 +1,171 @@
+"""The training step in one process (a one-rank FSDP2 group): what the step promises."""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from services.trainer.optim import lr_factor
+from services.trainer.ppo import PPOTrainer
+from tests.trainer.helpers import synthetic_groups, trainer_config
+
+
+@pytest.fixture(scope="module")
+def groups(tiny_model_dir: Path):
+    return synthetic_groups(tiny_model_dir, n_groups=3, seed=1)
+
+
+def _trainer(tiny_model_dir: Path, tmp_path: Path, *overrides: str) -> PPOTrainer:
+    return PPOTrainer(trainer_config(tiny_model_dir, tmp_path, *overrides))
+
+
+@pytest.mark.parametrize("decoupled", [True, False])
+def test_one_minibatch_with_recompute_gives_importance_weight_exactly_one(
+    tiny_model_dir: Path, tmp_path: Path, groups, decoupled: bool
+) -> None:
+    t = _trainer(
+        tiny_model_dir,
+        tmp_path,
+        "actor.ppo_n_minibatches=1",
+        "actor.recompute_logprob=true",
+        f"actor.use_decoupled_loss={str(decoupled).lower()}",
+        "actor.prox_logp_method=recompute",
+        "actor.mb_spec.n_mbs=2",
+    )
+    for _ in range(2):  # the second step trains on data one version stale
+        r = t.train_batch(groups)
+        # π_θ and π_prox come from the same weights, the same micro-batches and the same
+        # padding, so the ratio is exactly 1 (not merely close), and nothing is clipped.
+        assert r.stats["importance_weight"] == 1.0
+        assert r.stats["approx_kl"] == 0.0
+        assert r.stats["clip_ratio"] == 0.0
+        assert r.prox_forwards == 2  # one per micro-batch (n_mbs=2)
+    if decoupled:
+        # One version stale: π_prox (W_1) differs from π_behave (W_0).
+        assert r.stats["behave_imp_weight"] != 1.0
+
+
+def test_loglinear_runs_no_proximal_forward(tiny_model_dir: Path, tmp_path: Path, groups) -> None:
+    t = _trainer(
+        tiny_model_dir,
+        tmp_path,
+        "actor.use_decoupled_loss=true",
+        "actor.recompute_logprob=false",
+        "actor.prox_logp_method=loglinear",
+        "actor.ppo_n_minibatches=2",
+    )
+    kinds: list[str] = []
+    t.on_forward(kinds.append)
+    for _ in range(2):
+        r = t.train_batch(groups)
+        assert r.prox_forwards == 0
+    assert "prox" not in kinds
+    assert kinds.count("train") == 4  # 2 steps x 2 minibatches x 1 micro-batch
+    assert "prox_alpha" in r.stats
+    # A recompute trainer on the same data does run them.
+    t2 = _trainer(
+        tiny_model_dir,
+        tmp_path,
+        "actor.use_decoupled_loss=true",
+        "actor.recompute_logprob=true",
+        "actor.prox_logp_method=recompute",
+        "actor.ppo_n_minibatches=2",
+    )
+    assert t2.train_batch(groups).prox_forwards == 2  # one micro-batch per minibatch
+
+
+def _weights(t: PPOTrainer) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in t.actor.full_state_dict().items()}
+
+
+def test_micro_batching_does_not_change_the_update(
+    tiny_model_dir: Path, tmp_path: Path, groups
+) -> None:
+    # The loss normaliser is the minibatch's token count, so 1 or 4 micro-batches give the
+    # same gradient (up to float summation order).
+    a = _trainer(tiny_model_dir, tmp_path, "actor.mb_spec.n_mbs=1")
+    b = _trainer(tiny_model_dir, tmp_path, "actor.mb_spec.n_mbs=4")
+    ra, rb = a.train_batch(groups), b.train_batch(groups)
+    assert rb.phase_seconds  # ran
+    assert b.forward_counts["train"] == 4
+    torch.testing.assert_close(ra.loss, rb.loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ra.grad_norm, rb.grad_norm, rtol=1e-4, atol=1e-6)
+    wa, wb = _weights(a), _weights(b)
+    # Adam's first step moves every weight by about lr * g / (|g| + eps): where |g| is
+    # near eps, summation-order noise in g shows up as a small fraction of lr (1e-2).
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=1e-4)
+
+
+def test_non_finite_gradient_skips_the_update_and_counts_it(
+    tiny_model_dir: Path, tmp_path: Path, groups
+) -> None:
+    t = _trainer(
+        tiny_model_dir,
+        tmp_path,
+        "actor.optimizer.lr_scheduler_type=linear",
+        "actor.optimizer.warmup_steps=2",
+        "actor.use_decoupled_loss=true",
+        "actor.recompute_logprob=true",
+    )
+    before = _weights(t)
+    # A broken engine reports a finite but absurd behaviour logprob (-1e4, which the codec
+    # accepts): the behaviour weight exp(log π_prox + 1e4) overflows and so does the gradient.
+    bad = copy.deepcopy(groups)
+    traj = bad[0].trajectories[0]
+    traj.logprobs[traj.loss_mask.astype(bool).nonzero()[0][0]] = -1e4
+    r = t.train_batch(bad)
+    assert r.skipped_updates == 1
+    assert not math.isfinite(r.grad_norm)
+    after = _weights(t)
+    for k in before:
+        torch.testing.assert_close(before[k], after[k], rtol=0, atol=0)
+    # The schedule still advanced: the next step uses warm-up factor (1 + 1) / 2 = 1.
+    r2 = t.train_batch(groups)
+    assert r2.skipped_updates == 0
+    assert r2.lr == pytest.approx(1e-2 * lr_factor(1, total=100, warmup=2, kind="linear", min_lr_ratio=0.0))
+    assert r.lr == pytest.approx(1e-2 * 0.5)  # (0 + 1) / 2
+
+
+def test_ppo_with_critic_and_reference(tiny_model_dir: Path, tmp_path: Path, groups) -> None:
+    t = _trainer(
+        tiny_model_dir,
+        tmp_path,
+        "actor.kl_ctl=0.1",
+        "actor.recompute_logprob=true",  # π_old of the KL shaping = the current weights
+        f"ref.path={tiny_model_dir}",
+        "ref.dtype=float32",
+        f"+critic.path={tiny_model_dir}",
+        "critic.dtype=float32",
+        "critic.optimizer.lr=1e-3",
+        "critic.ppo_n_minibatches=2",
+        "actor.gae_lambda=0.95",
+        "actor.discount=0.99",
+    )
+    critic_before = {
+        k: v.clone() for k, v in t.critic.full_state_dict().items()  # type: ignore[union-attr]
+    }
+    r1 = t.train_batch(groups)
+    r2 = t.train_batch(groups)
+    assert t.forward_counts["ref"] == 2  # one micro-batch per step
+    # per step: the value pass walks the critic's plan (2 minibatches x 1 micro-batch),
+    # then 2 training minibatches x 1 micro-batch: 4
+    assert t.forward_counts["values"] == 2 * (2 + 2)
+    # Step 1: π_old (behaviour logprobs of the initial weights) and π_ref are the same
+    # policy, so the KL shaping is 0 up to float noise; after one update it is clearly not.
+    assert abs(r1.stats["kl_rewards"]) < 1e-6
+    assert r2.stats["kl_rewards"] < -1e-4
+    assert r2.critic_loss is not None and math.isfinite(r2.critic_loss)
+    critic_after = t.critic.full_state_dict()  # type: ignore[union-attr]
+    assert any(not torch.equal(critic_before[k], critic_after[k]) for k in critic_before)
+
+
+def test_kl_without_reference_is_a_clear_error(tiny_model_dir: Path, tmp_path: Path) -> None:
+    cfg = trainer_config(tiny_model_dir, tmp_path)
+    cfg.actor.kl_ctl = 0.1  # bypasses the loader's own check on purpose
+    with pytest.raises(ValueError, match="ref.path"):
+        PPOTrainer(cfg)
