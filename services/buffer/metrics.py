@@ -89,7 +89,7 @@ class SnapshotCollector(Collector):
         return self._families(self.snapshot)
 
     def _families(self, s: StatsSnapshot | None) -> Iterator:
-        counters = {
+        counters: dict[str, float | None] = {
             "put_groups": s.put if s else None,
             "acked_groups": s.acked if s else None,
             "claimed_groups": s.claimed if s else None,
@@ -106,7 +106,7 @@ class SnapshotCollector(Collector):
             for reason in sorted(set(DROP_REASONS) | set(s.dropped)):
                 dropped.add_metric([reason], s.dropped.get(reason, 0))
         yield dropped
-        gauges = {
+        gauges: dict[str, float | None] = {
             "pending_groups": s.pending if s else None,
             "in_flight_groups": s.in_flight if s else None,
             "stored_groups": s.stored_groups if s else None,

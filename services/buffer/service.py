@@ -15,6 +15,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from services.buffer.filters import resolve_filter
 from services.buffer.metrics import BufferMetrics
@@ -236,7 +237,7 @@ class BufferService:
     async def _warn_without_aof(self) -> None:
         assert self.store is not None
         try:
-            conf = await self.store.redis.config_get("appendonly")
+            conf: dict[Any, Any] = await self.store.redis.config_get("appendonly")
         except Exception:  # managed Redis often forbids CONFIG
             return
         value = conf.get(b"appendonly", conf.get("appendonly"))

@@ -292,9 +292,9 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
 
     # -- Claim / Ack ---------------------------------------------------------------------
     @_rpc
-    async def Claim(
+    async def Claim(  # type: ignore[override]  # wire bytes of a ClaimResponse, see register()
         self, request: buffer_pb2.ClaimRequest, context: Any
-    ) -> buffer_pb2.ClaimResponse:
+    ) -> bytes:
         _require(bool(request.consumer_id), "consumer_id", "must not be empty")
         _require(
             1 <= request.n_groups <= MAX_IDS_PER_CALL,

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -182,7 +183,7 @@ class RedisStore:
         self.prefix = settings.prefix
         self._scripts = {name: client.register_script(body) for name, body in scripts.ALL.items()}
 
-    async def _run(self, name: str, *args: object) -> list:
+    async def _run(self, name: str, *args: Any) -> Any:
         return await self._scripts[name](keys=[], args=[self.prefix, *args])
 
     def _gkey(self, group_id: str) -> str:
@@ -383,14 +384,16 @@ class RedisStore:
     ) -> list[GroupSummary]:
         """Admitted groups whose oldest version lies in [min_version, max_version]."""
         idx = f"{self.prefix}:idx"
-        gids = await self.redis.zrangebyscore(idx, min_version, max_version, start=0, num=limit)
+        gids: list[Any] = await self.redis.zrangebyscore(
+            idx, min_version, max_version, start=0, num=limit
+        )
         if not gids:
             return []
         pipe = self.redis.pipeline(transaction=False)
         for gid in gids:
             pipe.hmget(self._gkey(_s(gid)), "st", "why", "ov", "nv", "n")
             pipe.hexists(self._gkey(_s(gid)), "d")
-        rows = await pipe.execute()
+        rows: list[Any] = await pipe.execute()
         out: list[GroupSummary] = []
         gone: list[bytes] = []
         for gid, fields, has_payload in zip(gids, rows[0::2], rows[1::2], strict=True):
@@ -415,7 +418,8 @@ class RedisStore:
 
     async def read_group(self, group_id: str) -> bytes | None:
         """The stored payload (pending, in flight, or acked and retained), else None."""
-        return await self.redis.hget(self._gkey(group_id), "d")
+        payload: Any = await self.redis.hget(self._gkey(group_id), "d")
+        return payload
 
     async def iter_payloads(
         self, min_version: int, max_version: int, batch: int = 256
@@ -424,7 +428,7 @@ class RedisStore:
         idx = f"{self.prefix}:idx"
         offset = 0
         while True:
-            gids = await self.redis.zrangebyscore(
+            gids: list[Any] = await self.redis.zrangebyscore(
                 idx, min_version, max_version, start=offset, num=batch
             )
             if not gids:
@@ -433,7 +437,8 @@ class RedisStore:
             pipe = self.redis.pipeline(transaction=False)
             for gid in gids:
                 pipe.hmget(self._gkey(_s(gid)), "st", "why", "ov", "nv", "n", "d")
-            for gid, (st, why, ov, nv, n, data) in zip(gids, await pipe.execute(), strict=True):
+            rows: list[Any] = await pipe.execute()
+            for gid, (st, why, ov, nv, n, data) in zip(gids, rows, strict=True):
                 if st is None or data is None:
                     continue
                 summary = GroupSummary(

@@ -16,14 +16,15 @@ equivalence is tested against the codec on valid groups and on one mutation per 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
 from flywheel_proto.v1 import common_pb2
 from services.common.codec import CodecLimits
 
-_INT = {"int32": np.dtype("<i4"), "int64": np.dtype("<i8")}
-_MASK = {"int8": np.dtype("<i1"), "uint8": np.dtype("<u1")}
+_INT: dict[str, np.dtype[Any]] = {"int32": np.dtype("<i4"), "int64": np.dtype("<i8")}
+_MASK: dict[str, np.dtype[Any]] = {"int8": np.dtype("<i1"), "uint8": np.dtype("<u1")}
 _FIELDS = ("input_ids", "loss_mask", "logprobs", "versions")
 
 
@@ -76,12 +77,13 @@ def fast_versions(
         return None
     total = sum(lens)
     arrays: dict[str, np.ndarray] = {}
-    for f, dt in (
+    layout: tuple[tuple[str, np.dtype[Any]], ...] = (
         ("input_ids", _INT[dtypes["input_ids"]]),
         ("loss_mask", _MASK[dtypes["loss_mask"]]),
         ("logprobs", np.dtype("<f4")),
         ("versions", _INT[dtypes["versions"]]),
-    ):
+    )
+    for f, dt in layout:
         if any(len(c) != n * dt.itemsize for c, n in zip(chunks[f], lens, strict=True)):
             return None
         arrays[f] = np.frombuffer(b"".join(chunks[f]), dtype=dt, count=total)

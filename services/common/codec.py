@@ -203,7 +203,7 @@ def trajectory_from_proto(
     if msg.logprobs.dtype not in ("float16", "float32", "float64"):
         raise CodecError(f"{where}: logprobs must be a float tensor, got {msg.logprobs.dtype}")
     mask = fields["loss_mask"]
-    if not np.isin(mask, (0, 1)).all():
+    if mask.size and (mask.min() < 0 or mask.max() > 1):
         raise CodecError(f"{where}: loss_mask must hold only 0 and 1")
     prompt_len = int(msg.prompt_len)
     if not 0 < prompt_len <= n:

@@ -29,10 +29,16 @@ _UNAUTHENTICATED_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
 
 
 def message_size_options(max_message_bytes: int) -> list[tuple[str, int]]:
-    """Channel/server options raising both send and receive limits together."""
+    """Channel/server options: both message limits raised together, plus larger read chunks,
+    write buffers and HTTP/2 frames. Trajectory groups are hundreds of KB; with gRPC's small
+    defaults a loopback call of 173 KB spends a quarter more CPU in framing and reads."""
     return [
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.experimental.tcp_min_read_chunk_size", 256 << 10),
+        ("grpc.experimental.tcp_read_chunk_size", 1 << 20),
+        ("grpc.http2.write_buffer_size", 1 << 20),
+        ("grpc.http2.max_frame_size", 1 << 20),
     ]
 
 

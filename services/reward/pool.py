@@ -1,10 +1,10 @@
 """The worker pool: bounded queue, per-call deadlines that kill and replace, honest statuses.
 
-Each of `num_workers` slots owns one worker process and loops: take a chunk of queued
-items, send it in one frame, read one result per item. Chunks amortise the hop (one
-frame, one wake-up) without giving up per-item deadlines: item k's clock starts when
-item k-1 finished in the worker (`t1` in its result), and the service waits for each
-result only until that item's deadline.
+Each of `num_workers` slots owns one worker process and feeds it chunks of queued items,
+one frame per chunk, keeping the next chunk queued behind the running one; the worker
+writes one result per item. Chunks amortise the hop without giving up per-item
+deadlines: item k's clock starts when item k-1 finished in the worker (`t1` in its
+result), and the service waits for each result only until that item's deadline.
 
 When a deadline passes the worker's whole process group gets SIGKILL — a hung parser, a
 busy loop in C, a child it forked: all gone — the item is TIMEOUT, the rest of its chunk
@@ -63,7 +63,7 @@ class PoolConfig:
     memory_bytes: int = 4 << 30  # RLIMIT_AS per worker; 0 = unlimited
     cpu_seconds: float = 60.0  # RLIMIT_CPU per call; 0 = unlimited
     start_timeout_s: float = 120.0
-    coalesce_s: float = 0.002  # pause between reading results of one chunk (see _run_chunk)
+    coalesce_s: float = 0.002  # pause between reading results of a worker (see _feed)
     preload: tuple[str, ...] = ()
     warmup: tuple[str, ...] = ()
 
@@ -379,6 +379,8 @@ class WorkerPool:
         )
         for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
             env.setdefault(var, "1")
+        # Few malloc arenas: each one reserves address space, which RLIMIT_AS counts.
+        env.setdefault("MALLOC_ARENA_MAX", "2")
         transport, protocol = await asyncio.get_running_loop().subprocess_exec(
             _WorkerProtocol,
             sys.executable,

@@ -153,7 +153,11 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
                     f"items: {len(items)} items exceed reward.max_batch={self.config.max_batch}; "
                     "split the batch (ListFunctions reports max_batch_size)"
                 )
-            fingerprint = hashlib.sha256(request.SerializeToString(deterministic=True)).digest()
+            fingerprint = (
+                hashlib.sha256(request.SerializeToString(deterministic=True)).digest()
+                if request_id
+                else b""
+            )
             prepared = self._prepare(items, single=(rpc == "Score"))
             return await self._requests.run(
                 request_id,

@@ -153,6 +153,21 @@ class Worker:
             print(f"reward worker: warm-up of {path} failed: {_describe(exc)}", file=sys.stderr)
 
 
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this worker when the service dies (even by SIGKILL): a worker
+    stuck in a loop would otherwise outlive it, since it leads its own session."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the EOF on stdin still ends idle workers
+        pass
+    if os.getppid() == 1:  # the service died before the line above ran
+        os._exit(1)
+
+
 def _take_private_fds() -> tuple[int, int]:
     """Move the protocol off fd 0/1 so user code's print()/input() cannot touch it."""
     proto_in, proto_out = os.dup(0), os.dup(1)
@@ -164,6 +179,7 @@ def _take_private_fds() -> tuple[int, int]:
 
 
 def main() -> int:
+    _die_with_parent()
     proto_in, proto_out = _take_private_fds()
     init = read_frame_fd(proto_in)
     if init is None or init.get("op") != "init":

@@ -38,17 +38,26 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         cfg = load_config(args.config, list(args.overrides))
-        from services.rollout.service import RolloutService
+        from services.rollout.service import model_path
 
-        service = RolloutService(cfg, replica_index=args.replica_index, eval_only=args.eval_only)
+        if cfg.rollout.engine == "torch" or not cfg.rollout.sglang.url:
+            model_path(cfg)  # fail now, with exit code 2, when no model is configured
     except (ConfigError, ValueError) as err:
         print(err, file=sys.stderr)
         return 2
     import torch
 
     torch.set_num_threads(max(1, int(getattr(cfg.rollout, "torch_num_threads", 0) or 1)))
-    asyncio.run(service.serve_forever())
+    asyncio.run(_serve(cfg, args.replica_index, args.eval_only))
     return 0
+
+
+async def _serve(cfg: object, replica_index: int, eval_only: bool) -> None:
+    # Built inside the running loop: gRPC aio servers bind to the loop that creates them.
+    from services.rollout.service import RolloutService
+
+    service = RolloutService(cfg, replica_index=replica_index, eval_only=eval_only)
+    await service.serve_forever()
 
 
 if __name__ == "__main__":

@@ -355,3 +355,30 @@ def test_metrics_over_http_show_statuses_restarts_and_cache(svc: RunningReward) 
     assert "flywheel_reward_cache_hits_total" in text
     assert "flywheel_reward_queue_items" in text
     assert httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=10).status_code == 200
+
+
+def test_fn_kwargs_go_to_the_default_function_and_dataset_fields_win() -> None:
+    # _prepare alone (no server): config kwargs reach only the default function, and a
+    # dataset field of the same name overrides the config's value.
+    from services.reward.metrics import RewardMetrics
+    from services.reward.pool import PoolConfig, WorkerPool
+    from services.reward.registry import RewardRegistry
+    from services.reward.servicer import RewardServicer
+
+    config = service_config(fn="format", fn_kwargs={"format_style": "boxed", "bonus": 1})
+    registry = RewardRegistry(config.functions, default=config.fn)
+    servicer = RewardServicer(config, registry, WorkerPool(PoolConfig()), RewardMetrics())
+    default, explicit, other = servicer._prepare(
+        [item("x"), item("x", fn="format", format_style="hash"), item("x", fn="gsm8k")],
+        single=False,
+    )
+    assert default.payload is not None and default.payload["kwargs"] == {
+        "format_style": "boxed",
+        "bonus": 1,
+    }
+    assert explicit.payload is not None and explicit.payload["kwargs"] == {
+        "format_style": "hash",
+        "bonus": 1,
+    }
+    assert other.payload is not None and other.payload["kwargs"] == {}
+    assert default.key != explicit.key  # kwargs are part of the cache key

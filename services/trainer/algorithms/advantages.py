@@ -132,7 +132,7 @@ def compute_advantages(
 
         padded = _compute_padded(
             rewards=rewards,
-            mask=pad(loss_mask.to(torch.bool), False),
+            mask=packed_to_padded(loss_mask.to(torch.bool), cu, False),
             no_eos=no_eos,
             logprobs=pad(logprobs),
             ref_logprobs=pad(ref_logprobs),

@@ -76,11 +76,11 @@ def resolve_should_accept(
     function takes a group's rewards (or the group itself, see `rewards_of`)."""
     name = spec if spec else ("dapo_equal_rewards" if dynamic_sampling else "accept_all")
     fn = FILTERS.get(name)
-    bound = functools.partial(fn, **dict(kwargs or {}))
+    bound_kwargs = dict(kwargs or {})
 
     @functools.wraps(fn)
     def should_accept(group: Any) -> bool:
-        result = bound(rewards_of(group))
+        result = fn(rewards_of(group), **bound_kwargs)
         if not isinstance(result, bool):
             raise TypeError(
                 f"should_accept_fn {name!r} returned {type(result).__name__}, expected bool"

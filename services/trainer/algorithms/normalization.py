@@ -43,12 +43,18 @@ _LEVELS = ("batch", "group", None)
 class NormLike(Protocol):
     """Anything with `NormConfig`'s fields (the pydantic config, or `NormSpec`)."""
 
-    mean_level: Any
-    mean_leave1out: bool
-    std_level: Any
-    std_unbiased: bool
-    eps: float
-    group_size: int
+    @property
+    def mean_level(self) -> Any: ...
+    @property
+    def mean_leave1out(self) -> bool: ...
+    @property
+    def std_level(self) -> Any: ...
+    @property
+    def std_unbiased(self) -> bool: ...
+    @property
+    def eps(self) -> float: ...
+    @property
+    def group_size(self) -> int: ...
 
 
 @dataclass(frozen=True)

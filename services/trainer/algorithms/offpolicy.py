@@ -43,12 +43,18 @@ _METRICS = ("ratio", "kl_k1", "kl_k2", "kl_k3", "binary_kl")
 class RejectionLike(Protocol):
     """Anything with `RejectionSamplingConfig`'s fields."""
 
-    level: Any
-    action: Any
-    metric: Any
-    agg: Any
-    upper: float
-    lower: float | None
+    @property
+    def level(self) -> Any: ...
+    @property
+    def action(self) -> Any: ...
+    @property
+    def metric(self) -> Any: ...
+    @property
+    def agg(self) -> Any: ...
+    @property
+    def upper(self) -> float: ...
+    @property
+    def lower(self) -> float | None: ...
 
 
 @dataclass(frozen=True)

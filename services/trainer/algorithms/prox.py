@@ -81,19 +81,19 @@ def interpolation_alpha(
     """α = (v_prox - v_b)/(v_θ - v_b) per token, clamped to [0, 1]; 0 on prompt tokens."""
     if versions.dtype.is_floating_point or versions.dtype == torch.bool:
         raise ValueError(f"versions must be an integer tensor, got {versions.dtype}")
-    v_b = versions.to(torch.float64)
+    # Versions are small integers: exact in float32 (up to 2^24).
+    v_b = versions.to(torch.float32)
     v_prox = float(current_version)
     if theta_version is None:
         v_theta: float | Tensor = v_prox + 1.0
     elif isinstance(theta_version, Tensor):
-        v_theta = theta_version.to(device=versions.device, dtype=torch.float64)
+        v_theta = theta_version.to(device=versions.device, dtype=torch.float32)
     else:
         v_theta = float(theta_version)
     span = v_theta - v_b
-    generated = versions >= 0
-    ok = generated & (span > 0)
+    ok = (versions >= 0) & (span > 0)
     alpha = torch.where(ok, (v_prox - v_b) / torch.where(ok, span, 1.0), 0.0)
-    return alpha.clamp(0.0, 1.0).to(torch.float32)
+    return alpha.clamp(0.0, 1.0)
 
 
 def approximate_prox_logp(

@@ -40,11 +40,11 @@ STATS: dict[str, tuple[str, str]] = {
         "—",
     ),
     "kl_rewards": (
-        "mean per-token KL reward -kl_ctl * KL(pi_old || pi_ref)",
+        "mean per-token KL reward -kl_ctl * KL(pi_old ‖ pi_ref)",
         "grows negative: the policy drifts from the reference",
     ),
     "advantages": ("mean advantage over valid tokens (after adv_norm)", "—"),
-    "advantages_abs": ("mean |advantage| over valid tokens", "near 0: no learning signal"),
+    "advantages_abs": ("mean absolute advantage over valid tokens", "near 0: no learning signal"),
     "returns": ("mean critic target (advantage + value) over valid tokens", "—"),
     "gae_lambda": ("mean GAE lambda over sequences", "—"),
     # -- actor loss (ppo_actor_loss) -------------------------------------------------------
@@ -137,3 +137,26 @@ def check_stat_names(stats: dict[str, Tensor]) -> None:
     unknown = sorted(set(stats) - set(STATS))
     if unknown:
         raise KeyError(f"undocumented stat names {unknown}; add them to STATS")
+
+
+def stats_table_markdown() -> str:
+    """`STATS` as the Markdown table printed in docs/algorithms.md (a test keeps them equal).
+
+    The prox-approximation family is folded into one row with placeholders.
+    """
+    rows = ["| name | what it is | a bad trend means |", "| --- | --- | --- |"]
+    folded = False
+    for name, (what, bad) in STATS.items():
+        if name.startswith("prox_approx/"):
+            if folded:
+                continue
+            folded = True
+            name = "prox_approx/<method>/<quantity>_<error>"
+            what = (
+                "method ∈ loglinear, linear, rollout; quantity ∈ logp, behave_imp_weight, "
+                "importance_weight; error ∈ abs_error, rel_error, sq_error: the error of the "
+                "approximation against the recomputed pi_prox (metrics mode), mean over "
+                "generated tokens"
+            )
+        rows.append(f"| `{name}` | {what} | {bad} |")
+    return "\n".join(rows)

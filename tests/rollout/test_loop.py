@@ -1,0 +1,237 @@
+"""The rollout loop: unit tests of its bookkeeping with a scripted buffer, and a run against
+the real buffer (real redis-server) and reward services on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services.common.codec import TrajectoryGroup
+from services.rollout.data.arithmetic import write_splits
+from services.rollout.data.datasets import PromptDataset, read_rows
+from services.rollout.engine.torch_engine import TorchEngine
+from services.rollout.loop import RolloutLoop
+from services.rollout.metrics import RolloutMetrics
+from services.rollout.types import SamplingParams
+from services.rollout.workflows.base import RewardServiceScorer, WorkflowContext, load_workflow
+
+# --------------------------------------------------------------- unit: scripted buffer
+
+
+class ScriptedBuffer:
+    """Grants `grants` reservations, fails the first `put_failures` puts, records everything."""
+
+    def __init__(self, grants: int, put_failures: int = 0) -> None:
+        self.grants = grants
+        self.put_failures = put_failures
+        self.puts: list[tuple[str, str]] = []
+        self.released: list[str] = []
+        self.reserved: list[str] = []
+
+    async def reserve(self, count: int, *, rollout_id: str = "") -> Any:
+        from services.buffer.client import Reservation
+
+        if self.grants <= 0:
+            return Reservation([], 0, 0, 20)
+        self.grants -= 1
+        rid = f"res-{len(self.reserved)}"
+        self.reserved.append(rid)
+        return Reservation([rid], 0, self.grants, 0)
+
+    async def release(self, ids: list[str], **kw: Any) -> int:
+        self.released.extend(ids)
+        return len(ids)
+
+    async def put(self, group: TrajectoryGroup, *, request_id: str) -> Any:
+        from services.buffer.client import PutResult
+
+        self.puts.append((group.group_id, request_id))
+        if self.put_failures > 0:
+            self.put_failures -= 1
+            raise ConnectionError("buffer unavailable")
+        return PutResult("admitted", "", 0)
+
+
+class ScriptedWorkflow:
+    def __init__(self, fail_on: set[str]) -> None:
+        self.fail_on = fail_on
+
+    async def arun_episode(self, engine: Any, data: dict[str, Any]) -> TrajectoryGroup | None:
+        from services.rollout.workflows.base import build_trajectory
+
+        if data["prompt_id"] in self.fail_on:
+            raise RuntimeError("episode broke")
+        t = build_trajectory(
+            data["prompt_ids"], [([5, 6], [-0.1, -0.2], [0, 0], 0)], reward=1.0, stop_reason="stop"
+        )
+        return TrajectoryGroup(group_id="", trajectories=[t, t], prompt_id=data["prompt_id"])
+
+
+def tiny_dataset(engine: TorchEngine, n: int = 3) -> PromptDataset:
+    rows = [{"prompt": f"{i}+{i}=", "answer": f"#### {2 * i}", "id": f"p{i}"} for i in range(n)]
+    return PromptDataset(rows, engine.tokenizer, shuffle=False)
+
+
+async def run_until(loop: RolloutLoop, cond: Any) -> None:
+    loop.start()
+    while not cond():
+        await asyncio.sleep(0.005)
+    await loop.drain(timeout=10)
+
+
+async def no_sleep(_: float) -> None:
+    return None
+
+
+async def test_put_retries_keep_the_group_id_and_failures_release(engine: TorchEngine) -> None:
+    buffer = ScriptedBuffer(grants=3, put_failures=2)
+    metrics = RolloutMetrics()
+    loop = RolloutLoop(
+        engine=engine,
+        workflow=ScriptedWorkflow(fail_on={"p1"}),
+        dataset=tiny_dataset(engine),
+        buffer=buffer,
+        rollout_id="rollout-7",
+        max_concurrent=1,
+        metrics=metrics,
+        sleep=no_sleep,
+    )
+    await run_until(loop, lambda: loop.stats.groups_started == 3 and loop.groups_in_flight == 0)
+    # p0: two failed puts then success, all with one group id and one request id.
+    first_gid = buffer.puts[0][0]
+    assert buffer.puts[:3] == [(first_gid, f"put-{first_gid}")] * 3
+    # p1's episode raised: its reservation (res-1) was released, nothing put.
+    assert buffer.released == ["res-1"]
+    assert loop.stats.groups_produced == 2 and loop.stats.rejected == {"error": 1}
+    assert metrics.groups_produced._value.get() == 2
+    assert metrics.groups_rejected.labels(reason="error")._value.get() == 1
+
+
+async def test_stamping_and_put_failure_after_retries(engine: TorchEngine) -> None:
+    buffer = ScriptedBuffer(grants=1, put_failures=99)
+    loop = RolloutLoop(
+        engine=engine,
+        workflow=ScriptedWorkflow(set()),
+        dataset=tiny_dataset(engine),
+        buffer=buffer,
+        rollout_id="rollout-3",
+        max_concurrent=2,
+        put_retries=2,
+        sleep=no_sleep,
+    )
+    await run_until(loop, lambda: len(buffer.puts) == 3 and loop.groups_in_flight == 0)
+    assert buffer.released == ["res-0"] and loop.stats.rejected == {"put_failed": 1}
+
+
+async def test_pause_stops_new_groups_until_resume(engine: TorchEngine) -> None:
+    buffer = ScriptedBuffer(grants=100)
+    loop = RolloutLoop(
+        engine=engine,
+        workflow=ScriptedWorkflow(set()),
+        dataset=tiny_dataset(engine),
+        buffer=buffer,
+        rollout_id="r",
+        max_concurrent=1,
+        sleep=no_sleep,
+    )
+    await loop.pause()
+    loop.start()
+    await asyncio.sleep(0.05)
+    assert loop.stats.groups_started == 0 and engine.paused
+    await loop.resume()
+    while loop.stats.groups_produced < 2:
+        await asyncio.sleep(0.005)
+    await loop.drain(timeout=10)
+    assert loop.groups_in_flight == 0 and loop.draining
+
+
+# ------------------------------------------------ integration: real buffer and reward
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+async def test_rlvr_loop_against_real_buffer_and_reward(
+    redis_server: Any, engine: TorchEngine, tmp_path: Path
+) -> None:
+    from services.buffer.client import BufferClient
+    from services.buffer.service import BufferParts, BufferService
+    from services.common.config import BufferConfig, RewardConfig, RolloutConfig
+    from services.reward.client import RewardClient
+    from services.reward.service import RewardParts, RewardService
+
+    buffer_svc = BufferService(
+        BufferParts(
+            buffer=BufferConfig(redis_url=redis_server.url, claim_poll_ms=5),
+            rollout=RolloutConfig(consumer_batch_size=2, max_head_offpolicyness=1),
+            prefix="rollouttest",
+            export_dir=str(tmp_path / "exports"),
+        )
+    )
+    await buffer_svc.start()
+    reward_svc = RewardService(
+        RewardParts(reward=RewardConfig(fn="gsm8k", num_workers=1), metrics_port=None)
+    )
+    await reward_svc.start()
+    buffer = BufferClient(buffer_svc.address)
+    trainer_side = BufferClient(buffer_svc.address)
+    reward = RewardClient(reward_svc.address)
+    train, _ = write_splits(tmp_path / "data", n_train=32, n_valid=4, seed=0)
+    metrics = RolloutMetrics()
+    ctx = WorkflowContext(
+        engine.tokenizer,
+        SamplingParams(n_samples=2, max_new_tokens=8, temperature=1.0, seed=None),
+        RewardServiceScorer(reward, fn="gsm8k"),
+        on_reward_failure=lambda s: metrics.reward_failures.labels(status=s).inc(),
+    )
+    loop = RolloutLoop(
+        engine=engine,
+        workflow=load_workflow("rlvr", ctx),
+        dataset=PromptDataset(read_rows(train), engine.tokenizer, seed=0),
+        buffer=buffer,
+        rollout_id="rollout-0",
+        max_concurrent=2,
+        metrics=metrics,
+    )
+    try:
+        loop.start()
+        # Capacity for version 0 is limited by the staleness budget: the loop fills it, then waits.
+        claimed = []
+        while len(claimed) < 2:
+            res = await trainer_side.claim(2, consumer_id="t0", wait_ms=200, allow_partial=False)
+            claimed.extend(res.groups)
+        for g in claimed:
+            assert g.rollout_id == "rollout-0" and g.reservation_id and len(g.trajectories) == 2
+            for i, t in enumerate(g.trajectories):
+                assert t.trajectory_id == f"{g.group_id}/{i}" and t.group_id == g.group_id
+                assert t.reward in (0.0, 1.0) and t.metadata["reward_status"] == "OK"
+                assert set(t.versions[: t.prompt_len].tolist()) == {-1}
+                assert set(t.generated_versions.tolist()) == {0}
+        # The trainer steps: new weights (version 1) to the engine, version to the buffer, ack.
+        from services.common.weights import make_manifest
+
+        weights = engine.current_weights()
+        assert (await engine.update_weights_from_tensors(weights, make_manifest(weights, 1))).ok
+        await trainer_side.set_version(1)
+        await trainer_side.ack([g.group_id for g in claimed], consumer_id="t0")
+        later = []
+        while not any(g.oldest_version == 1 for g in later):
+            res = await trainer_side.claim(2, consumer_id="t0", wait_ms=200, allow_partial=True)
+            later.extend(res.groups)
+            await trainer_side.ack([g.group_id for g in res.groups], consumer_id="t0")
+        await loop.drain(timeout=30)
+        stats = await trainer_side.stats()
+        assert stats.invariant_ok
+        assert loop.stats.groups_produced >= 3 and loop.groups_in_flight == 0
+        assert metrics.groups_produced._value.get() == loop.stats.groups_produced
+        assert (
+            sum(metrics.completions.labels(stop_reason=r)._value.get() for r in ("stop", "length"))
+            >= 6
+        )
+    finally:
+        for c in (buffer, trainer_side, reward):
+            await c.close()
+        await reward_svc.stop(grace=0.5)
+        await buffer_svc.stop(grace=0.5)

@@ -1,0 +1,60 @@
+"""Statistics are named once: the `STATS` table, the docs table, and the public API."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import services.trainer.algorithms as algorithms
+from services.trainer.algorithms.stats import (
+    STATS,
+    check_stat_names,
+    masked_mean,
+    masked_min_max,
+    stats_table_markdown,
+)
+
+DOC = Path(__file__).resolve().parents[3] / "docs" / "algorithms.md"
+
+
+def test_docs_table_is_the_module_table() -> None:
+    text = DOC.read_text()
+    begin, end = "<!-- stats-table:begin -->\n", "\n<!-- stats-table:end -->"
+    table = text[text.index(begin) + len(begin) : text.index(end)]
+    assert table == stats_table_markdown(), "docs/algorithms.md stats table is out of date"
+    for name in STATS:
+        if not name.startswith("prox_approx/"):
+            assert f"`{name}`" in table
+
+
+def test_issue_names_are_all_documented() -> None:
+    required = {
+        "importance_weight", "behave_imp_weight", "behave_approx_kl", "clip_ratio",
+        "dual_clip_ratio", "approx_kl", "entropy", "no_eos_ratio", "seq_len", "prompt_len",
+        "task_reward", "correct_n_seqs", "incorrect_n_seqs", "advantages", "kl_rewards",
+        "rejection_filtered_fraction", "m2po_masked_fraction",
+        "dynamic_filter_dropped_fraction", "staleness_avg", "staleness_min", "staleness_max",
+        "prox_approx/loglinear/logp_abs_error", "prox_approx/rollout/importance_weight_sq_error",
+    }  # fmt: skip
+    assert required <= set(STATS)
+    with pytest.raises(KeyError, match="undocumented stat names"):
+        check_stat_names({"made_up": torch.tensor(0.0)})
+
+
+def test_masked_reductions() -> None:
+    x = torch.tensor([[1.0, float("nan"), 3.0]])
+    m = torch.tensor([[True, False, True]])
+    assert masked_mean(x, m).item() == 2.0  # NaN off the mask never leaks
+    assert masked_mean(x, torch.zeros_like(m)).item() == 0.0
+    lo, hi = masked_min_max(x, m)
+    assert (lo.item(), hi.item()) == (1.0, 3.0)
+
+
+def test_public_api_resolves_lazily() -> None:
+    assert sorted(algorithms.__all__) == sorted(algorithms._EXPORTS)
+    for name in algorithms.__all__:
+        assert getattr(algorithms, name) is not None
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        algorithms.nope  # noqa: B018

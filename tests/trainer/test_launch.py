@@ -1,0 +1,93 @@
+"""Rank supervision: truthful exit codes, failure propagation, and the 2-rank service."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from services.common.redis_server import RedisServer
+from services.trainer.launch import spawn_ranks
+from services.trainer.ppo import PPOTrainer
+from tests.trainer.helpers import synthetic_groups, trainer_config
+from tests.trainer.services import running_buffer, start_trainer, write_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _script(tmp: Path, body: str) -> list[str]:
+    path = tmp / "job.py"
+    path.write_text(f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n" + textwrap.dedent(body))
+    return [sys.executable, str(path)]
+
+
+def test_failing_rank_fails_the_job_and_stops_the_others(tmp_path: Path) -> None:
+    marker = tmp_path / "rank0-finished"
+    cmd = _script(
+        tmp_path,
+        f"""
+        import os, time
+        if os.environ["RANK"] == "1":
+            sys.exit(3)
+        time.sleep(600)  # rank 0 would wait for a collective that never comes
+        open({str(marker)!r}, "w").write("x")
+        """,
+    )
+    assert spawn_ranks([], 2, command=cmd) == 3
+    assert not marker.exists()  # rank 0 was terminated, not left running
+
+
+def test_ranks_after_gloo_collectives_exit_zero(tmp_path: Path) -> None:
+    cmd = _script(
+        tmp_path,
+        """
+        import torch
+        import torch.distributed as dist
+        from services.trainer.dist import finish, init_distributed
+        ctx = init_distributed("cpu")
+        t = torch.ones(3) * (ctx.rank + 1)
+        dist.all_reduce(t)
+        # 1 + 2 = 3 on every element, on both ranks
+        finish(0 if t.tolist() == [3.0, 3.0, 3.0] and ctx.world_size == 2 else 5, ctx)
+        """,
+    )
+    assert spawn_ranks([], 2, command=cmd) == 0
+
+
+@pytest.mark.integration
+def test_two_rank_service_trains_what_one_rank_trains(
+    tiny_model_dir: Path, tmp_path: Path, redis_server: RedisServer
+) -> None:
+    batches = [synthetic_groups(tiny_model_dir, n_groups=2, seed=s, prefix=f"r{s}-") for s in (0, 1)]
+    cfg = trainer_config(
+        tiny_model_dir,
+        tmp_path,
+        "trainer.n_ranks=2",
+        "total_train_steps=2",
+        "trainer.save_freq_steps=null",
+        "rollout.consumer_batch_size=2",
+        "rollout.max_head_offpolicyness=10",
+        "actor.ppo_n_minibatches=2",
+    )
+    with running_buffer(cfg, redis_server.url) as buf:
+        services = cfg.services.model_copy(
+            update={"buffer": cfg.services.buffer.model_copy(update={"port": buf.port})}
+        )
+        cfg = cfg.model_copy(update={"services": services})
+        for b in batches:
+            buf.put(b)
+        log = tmp_path / "trainer.log"
+        proc = start_trainer(write_config(cfg, tmp_path / "cfg.yaml"), log_path=log)
+        assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+        assert buf.call(buf.client.stats()).acked_total == 4
+    lines = [json.loads(x) for x in (tmp_path / "t/t/metrics.jsonl").read_text().splitlines()]
+    assert [r["group_ids"] for r in lines] == [[g.group_id for g in b] for b in batches]
+    # The same two batches through a one-rank trainer in this process.
+    single = PPOTrainer(trainer_config(tiny_model_dir, tmp_path, "actor.ppo_n_minibatches=2"))
+    for line, batch in zip(lines, batches, strict=True):
+        r = single.train_batch(batch)
+        torch.testing.assert_close(line["losses"], r.minibatch_losses, rtol=1e-5, atol=1e-6)
