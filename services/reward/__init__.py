@@ -1,0 +1,1 @@
+"""Reward service: scores completions in worker processes with deadlines (docs/reward.md)."""

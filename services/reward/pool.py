@@ -22,23 +22,18 @@ import asyncio
 import contextlib
 import logging
 import math
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from services.reward.metrics import RewardMetrics
-from services.reward.protocol import FrameParser, ProtocolError, encode_frame
+from services.reward.process import WorkerGone, WorkerProcess, describe_exit, spawn_worker
+from services.reward.protocol import ProtocolError, encode_frame
 
 log = logging.getLogger(__name__)
 
-PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
 OK, TIMEOUT, ERROR = "OK", "TIMEOUT", "ERROR"
 
 
@@ -102,108 +97,6 @@ class _Sent:
     sent_at: float
 
 
-class _WorkerGone(Exception):
-    """The worker's output pipe closed (it exited or was killed)."""
-
-
-class _WorkerProtocol(asyncio.SubprocessProtocol):
-    """Collects result frames from the worker's stdout as they arrive."""
-
-    def __init__(self) -> None:
-        self.parser = FrameParser()
-        self.frames: deque[dict[str, Any]] = deque()
-        self.error: Exception | None = None
-        self.closed = False
-        self._waiter: asyncio.Future[None] | None = None
-        self.exited: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
-    def pipe_data_received(self, fd: int, data: bytes) -> None:
-        if fd != 1 or self.error is not None:
-            return
-        try:
-            self.frames.extend(self.parser.feed(data))
-        except ProtocolError as exc:
-            self.error = exc
-        self._wake()
-
-    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
-        if fd == 1:
-            self.closed = True
-            self._wake()
-
-    def process_exited(self) -> None:
-        self.closed = True
-        self._wake()
-        if not self.exited.done():
-            self.exited.set_result(None)
-
-    async def next_frame(self) -> dict[str, Any]:
-        while not self.frames:
-            if self.error is not None:
-                raise self.error
-            if self.closed:
-                raise _WorkerGone()
-            self._waiter = asyncio.get_running_loop().create_future()
-            await self._waiter
-        return self.frames.popleft()
-
-
-class _WorkerProcess:
-    """One live worker: its process, its pipes, and how to kill it."""
-
-    def __init__(self, transport: asyncio.SubprocessTransport, protocol: _WorkerProtocol) -> None:
-        self.transport = transport
-        self.protocol = protocol
-        self.pid: int = transport.get_pid()
-        stdin = transport.get_pipe_transport(0)
-        assert isinstance(stdin, asyncio.WriteTransport)
-        self.stdin = stdin
-
-    def send(self, frame: bytes) -> None:
-        """Queue a frame on the worker's stdin (the transport writes it as the pipe drains)."""
-        self.stdin.write(frame)
-
-    def has_frame(self) -> bool:
-        return bool(self.protocol.frames)
-
-    async def recv(self) -> dict[str, Any]:
-        return await self.protocol.next_frame()
-
-    def send_kill(self) -> None:
-        """SIGKILL the worker's process group (it leads its own session): the function,
-        and anything it forked, stop now; reaping can follow."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError):
-            self.transport.kill()
-
-    async def wait(self) -> int | None:
-        await self.protocol.exited
-        code = self.transport.get_returncode()
-        self.transport.close()
-        return code
-
-    async def kill(self) -> int | None:
-        """SIGKILL, then reap; returns the exit status."""
-        self.send_kill()
-        return await self.wait()
-
-
-def describe_exit(returncode: int | None) -> str:
-    if returncode is None:
-        return "still running"
-    if returncode < 0:
-        try:
-            return f"killed by {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"killed by signal {-returncode}"
-    return f"exit code {returncode}"
-
-
 class WorkerPool:
     """`num_workers` worker processes behind one bounded queue."""
 
@@ -215,7 +108,7 @@ class WorkerPool:
         self._queue: deque[ScoreTask] = deque()
         self._work: asyncio.Event | None = None
         self._slots: list[asyncio.Task[None]] = []
-        self._workers: dict[int, _WorkerProcess] = {}
+        self._workers: dict[int, WorkerProcess] = {}
         self._inflight: dict[int, deque[_Sent]] = {}
         self._closing = False
         self._started = False
@@ -372,56 +265,17 @@ class WorkerPool:
                     self._update_gauges()
                     await worker.kill()
 
-    async def _spawn(self) -> _WorkerProcess:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            [PROJECT_ROOT, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])]
+    async def _spawn(self) -> WorkerProcess:
+        c = self.config
+        return await spawn_worker(
+            memory_bytes=c.memory_bytes,
+            cpu_seconds=c.cpu_seconds,
+            preload=c.preload,
+            warmup=c.warmup,
+            start_timeout_s=c.start_timeout_s,
         )
-        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-            env.setdefault(var, "1")
-        # Few malloc arenas: each one reserves address space, which RLIMIT_AS counts.
-        env.setdefault("MALLOC_ARENA_MAX", "2")
-        transport, protocol = await asyncio.get_running_loop().subprocess_exec(
-            _WorkerProtocol,
-            sys.executable,
-            "-m",
-            "services.reward.worker",
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=None,
-            start_new_session=True,
-            env=env,
-            cwd=PROJECT_ROOT,
-        )
-        worker = _WorkerProcess(transport, protocol)
-        try:
-            worker.send(
-                encode_frame(
-                    {
-                        "op": "init",
-                        "memory_bytes": self.config.memory_bytes,
-                        "cpu_seconds": self.config.cpu_seconds,
-                        "sys_path": [p for p in sys.path if p],
-                        "preload": list(self.config.preload),
-                        "warmup": list(self.config.warmup),
-                    }
-                )
-            )
-            async with asyncio.timeout(self.config.start_timeout_s):
-                ready = await worker.recv()
-            if ready.get("op") != "ready":
-                raise ProtocolError(f"expected 'ready', got {ready.get('op')!r}")
-        except asyncio.CancelledError:
-            await worker.kill()
-            raise
-        except Exception as exc:
-            code = await worker.kill()
-            raise RuntimeError(
-                f"worker {worker.pid} did not start ({describe_exit(code)}; {type(exc).__name__})"
-            ) from None
-        return worker
 
-    def _take_out(self, slot: int, worker: _WorkerProcess, reason: str) -> None:
+    def _take_out(self, slot: int, worker: WorkerProcess, reason: str) -> None:
         """Remove the worker from service and count the restart. Done before the failed
         item is resolved, so a caller that sees TIMEOUT never sees the old worker listed."""
         if self._workers.get(slot) is worker:
@@ -430,7 +284,7 @@ class WorkerPool:
         if self.metrics is not None:
             self.metrics.worker_restarts.labels(reason=reason).inc()
 
-    def _send(self, worker: _WorkerProcess, chunk: list[ScoreTask], inflight: deque[_Sent]) -> None:
+    def _send(self, worker: WorkerProcess, chunk: list[ScoreTask], inflight: deque[_Sent]) -> None:
         """Write one chunk to the worker; an item that cannot be encoded fails alone."""
         items = [{"id": i, "fn": t.fn_path, **t.payload} for i, t in enumerate(chunk)]
         try:
@@ -451,7 +305,7 @@ class WorkerPool:
         sent_at = time.monotonic()
         inflight.extend(_Sent(task, sent_at) for task in chunk)
 
-    async def _feed(self, slot: int, worker: _WorkerProcess) -> None:
+    async def _feed(self, slot: int, worker: WorkerProcess) -> None:
         """Send chunks to `worker` and collect its results until it dies or is killed.
 
         Up to two chunks are in flight: the next one waits in the worker's pipe while the
@@ -502,7 +356,7 @@ class WorkerPool:
                     )
                     await worker.wait()
                     return
-                except (_WorkerGone, ConnectionError, ProtocolError) as exc:
+                except (WorkerGone, ConnectionError, ProtocolError) as exc:
                     self._take_out(slot, worker, "crash")
                     code = await worker.kill()
                     inflight.popleft()

@@ -365,7 +365,9 @@ def test_fn_kwargs_go_to_the_default_function_and_dataset_fields_win() -> None:
     from services.reward.registry import RewardRegistry
     from services.reward.servicer import RewardServicer
 
-    config = service_config(fn="format", fn_kwargs={"format_style": "boxed", "bonus": 1})
+    config = service_config(
+        fn="format", fn_kwargs={"format_style": "boxed", "bonus": 1}, cache=True
+    )
     registry = RewardRegistry(config.functions, default=config.fn)
     servicer = RewardServicer(config, registry, WorkerPool(PoolConfig()), RewardMetrics())
     default, explicit, other = servicer._prepare(

@@ -74,10 +74,13 @@ def sample_next(
         raise ValueError(f"{logits.shape[0]} logit rows for {len(rows)} sampling rows")
     logits = logits.float()
     device = logits.device
-    temps = torch.tensor(
-        [1.0 if r.is_greedy else r.temperature for r in rows], device=device, dtype=torch.float32
-    )
-    scaled = logits / temps.unsqueeze(-1)
+    temp_list = [1.0 if r.is_greedy else r.temperature for r in rows]
+    if all(t == temp_list[0] for t in temp_list):  # common case: one scalar division
+        temps = torch.full((len(rows),), temp_list[0], device=device)
+        scaled = logits if temp_list[0] == 1.0 else logits / temp_list[0]
+    else:
+        temps = torch.tensor(temp_list, device=device, dtype=torch.float32)
+        scaled = logits / temps.unsqueeze(-1)
     logprobs_all = torch.log_softmax(scaled, dim=-1)
 
     shaped = scaled
@@ -96,8 +99,13 @@ def sample_next(
         top_p = torch.tensor([r.top_p for r in rows], device=device, dtype=torch.float32)
         shaped = filter_top_k_top_p(shaped, top_k, top_p)
 
-    tokens = torch.argmax(shaped, dim=-1)
     sampled_rows = [i for i, r in enumerate(rows) if not r.is_greedy]
+    if len(sampled_rows) == len(rows) and all(r.generator is None for r in rows):
+        # Every row draws from the shared generator: one batched draw.
+        probs = torch.softmax(shaped, dim=-1) if shaped is not scaled else logprobs_all.exp()
+        tokens = torch.multinomial(probs, 1, generator=shared_generator).squeeze(-1)
+        return tokens, logprobs_all.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    tokens = torch.argmax(shaped, dim=-1)
     if sampled_rows:
         probs = torch.softmax(shaped, dim=-1)
         shared = [i for i in sampled_rows if rows[i].generator is None]

@@ -73,6 +73,7 @@ class _Request:
     versions: list[int] = field(default_factory=list)
     aborted: bool = False
     max_stop_chars: int = 0
+    row: RowSampling | None = None
 
     @property
     def n_out(self) -> int:
@@ -114,6 +115,9 @@ class TorchEngine(InferenceEngine):
         self._step_lock = threading.Lock()
         self._paused = False
         self._stopping = False
+        # Weight swaps waiting for the step lock: the loop yields to them (a plain Lock is
+        # not fair, and the loop would otherwise re-take it step after step).
+        self._swaps_waiting = 0
         self._thread: threading.Thread | None = None
         self._shared_gen: torch.Generator | None = None
         # Called in the engine thread after every step (tracing, tests that need to act at
@@ -346,11 +350,15 @@ class TorchEngine(InferenceEngine):
         self.stats.tokens_generated += len(rows)
 
     def _row_sampling(self, req: _Request) -> RowSampling:
+        """The row's settings; built once per request unless they change with its length."""
         s = req.sampling
+        static = not s.frequency_penalty and req.n_out >= s.min_new_tokens
+        if static and req.row is not None and not req.row.banned_ids:
+            return req.row
         banned: tuple[int, ...] = ()
         if req.n_out < s.min_new_tokens and req.stop_ids:
             banned = tuple(sorted(req.stop_ids))
-        return RowSampling(
+        req.row = RowSampling(
             temperature=s.temperature,
             top_p=s.top_p,
             top_k=s.top_k,
@@ -360,6 +368,7 @@ class TorchEngine(InferenceEngine):
             frequency_penalty=s.frequency_penalty,
             history=req.tokens[req.prompt_len :] if s.frequency_penalty else (),
         )
+        return req.row
 
     def _stop_reason(self, req: _Request, tok: int) -> StopReason | None:
         n = req.n_out
@@ -432,21 +441,37 @@ class TorchEngine(InferenceEngine):
         staged: dict[str, torch.Tensor],
         manifest: WeightManifest,
     ) -> float:
+        with self._cv:
+            self._swaps_waiting += 1
+        try:
+            with self._step_lock:
+                return self._swap_locked(params, staged, manifest)
+        finally:
+            with self._cv:
+                self._swaps_waiting -= 1
+                self._cv.notify_all()
+
+    def _swap_locked(
+        self,
+        params: dict[str, torch.nn.Parameter],
+        staged: dict[str, torch.Tensor],
+        manifest: WeightManifest,
+    ) -> float:
+        """Runs holding the step lock: decoding is held from here to the return."""
         t0 = time.perf_counter()
-        with self._step_lock:
-            with torch.no_grad():
-                for name, p in params.items():
-                    p.copy_(staged[name])
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-            assert self.runner is not None
-            refresh = getattr(self.runner, "refresh_weights", None)
-            if refresh is not None:
-                refresh()
-            self.runner.invalidate(self._active)
-            self.version = manifest.version
-            self.checksum = manifest.checksum
-            return time.perf_counter() - t0
+        with torch.no_grad():
+            for name, p in params.items():
+                p.copy_(staged[name])
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        assert self.runner is not None
+        refresh = getattr(self.runner, "refresh_weights", None)
+        if refresh is not None:
+            refresh()
+        self.runner.invalidate(self._active)
+        self.version = manifest.version
+        self.checksum = manifest.checksum
+        return time.perf_counter() - t0
 
     def current_weights(self) -> dict[str, torch.Tensor]:
         """The served parameters by name (detached views; tests and checks)."""

@@ -383,3 +383,44 @@ def test_critic_huber_hand_computed() -> None:
     assert_close(loss, torch.tensor(1.8125), rtol=0, atol=1e-6)
     with pytest.raises(ValueError, match="value_loss must be"):
         critic_loss(values, values, ret, mask, value_loss="l1")
+
+
+def test_sapo_and_cispo_hand_computed() -> None:
+    # SAPO, ρ = 1.5, A = +1, τ_pos = 1: gate = (4/1) σ(0.5) = 4 * 0.6224593 = 2.4898373
+    # ρ = 0.5, A = -1, τ_neg = 2: gate = (4/2) σ(-1) = 2 * 0.2689414 = 0.5378828 -> loss +0.5378828
+    logp, prox, adv, mask = _one_row([1.5, 0.5], [1.0, -1.0])
+    loss, stats = ppo_actor_loss(
+        logp, prox, adv, mask, surrogate="sapo", sapo_tau_pos=1.0, sapo_tau_neg=2.0
+    )
+    assert_close(loss, torch.tensor((-2.4898373 + 0.5378828) / 2), rtol=0, atol=1e-6)
+    assert_close(stats["sapo_gate"], torch.tensor((2.4898373 + 0.5378828) / 2), rtol=0, atol=1e-6)
+    # CISPO, ρ = 2, A = +1, ε_low = 1 (no lower bound), ε_high = 0.28: weight 1.28 (clipped);
+    # log π_θ = -1 + ln 2 = -0.3068528 -> loss = -1.28 * 1 * -0.3068528 = 0.3927716
+    logp, prox, adv, mask = _one_row([2.0], [1.0])
+    loss, stats = ppo_actor_loss(
+        logp, prox, adv, mask, surrogate="cispo", eps_clip=1.0, eps_clip_higher=0.28
+    )
+    assert_close(loss, torch.tensor(0.3927716), rtol=0, atol=1e-6)
+    assert stats["clip_ratio"] == 1.0
+    loss.backward()
+    # the clipped token keeps a gradient: -1.28 * A
+    assert_close(logp.grad, torch.tensor([[-1.28]]), rtol=0, atol=1e-6)
+
+
+def test_critic_packed_equals_padded(gen: torch.Generator) -> None:
+    lengths = torch.tensor([3, 1, 4])
+    valid = torch.arange(4).unsqueeze(0) < lengths.unsqueeze(1)
+    v = torch.randn(3, 4, generator=gen)
+    old = v + 0.8 * torch.randn(3, 4, generator=gen)
+    ret = torch.randn(3, 4, generator=gen)
+    pad, _ = critic_loss(v, old, ret, valid, loss_agg_mode="seq-mean-token-mean")
+    cu = padded_to_packed(valid, lengths)[1]
+    packed, _ = critic_loss(
+        v[valid],
+        old[valid],
+        ret[valid],
+        valid[valid],
+        cu_seqlens=cu,
+        loss_agg_mode="seq-mean-token-mean",
+    )
+    assert_close(packed, pad, rtol=1e-6, atol=1e-7)
