@@ -85,15 +85,14 @@ async def update_during_generation(engine, batch_ids, do_update):  # noqa: ANN00
     """Start a batch, apply an update after a few steps, return the UpdateResult."""
     from services.rollout.types import SamplingParams
 
-    sp = SamplingParams(max_new_tokens=64, ignore_eos=True)
+    sp = SamplingParams(max_new_tokens=128, ignore_eos=True)
     gen = asyncio.gather(*(engine.agenerate(p, sp) for p in batch_ids))
     start = engine.stats.tokens_generated
     while engine.stats.tokens_generated < start + 4 * len(batch_ids):
         await asyncio.sleep(0.001)
     result = await do_update()
     outs = await gen
-    assert any(len(set(o.versions)) == 2 for o in outs), "update did not land mid-generation"
-    return result
+    return result, any(len(set(o.versions)) == 2 for o in outs)
 
 
 async def transports(
@@ -117,7 +116,7 @@ async def transports(
         r = await update_during_generation(
             engine, batch_ids, lambda: engine.update_weights_from_disk(str(Path(tmp) / "w"), m)
         )
-        results["disk"] = {"ok": r.ok, "pause_s": r.pause_seconds, "total_s": r.total_seconds}
+        results["disk"] = _row(*r)
 
     server = ServiceServer("rollout", service_names=["flywheel.v1.RolloutService"])
     rollout_pb2_grpc.add_RolloutServiceServicer_to_server(
@@ -128,7 +127,7 @@ async def transports(
         version += 1
         m = make_manifest(sd, version)
         r = await update_during_generation(engine, batch_ids, lambda: client.stream_weights(sd, m))
-        results["grpc"] = {"ok": r.ok, "pause_s": r.pause_seconds, "total_s": r.total_seconds}
+        results["grpc"] = _row(*r)
     await server.stop(grace=1)
 
     port = free_port()
@@ -148,10 +147,19 @@ async def transports(
         batch_ids,
         lambda: engine.update_weights_from_distributed(m, tensor_specs(sd), 1 << 20),
     )
-    results["distributed"] = {"ok": r.ok, "pause_s": r.pause_seconds, "total_s": r.total_seconds}
+    results["distributed"] = _row(*r)
     await engine.close_weights_group()
     sender.wait(60)
     return results
+
+
+def _row(r, mid: bool) -> dict:  # noqa: ANN001
+    return {
+        "ok": r.ok,
+        "pause_s": r.pause_seconds,
+        "total_s": r.total_seconds,
+        "mid_generation": mid,
+    }
 
 
 def run_sender(model_dir: str, port: int) -> None:

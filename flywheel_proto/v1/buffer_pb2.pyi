@@ -65,12 +65,14 @@ class ReserveCapacityResponse(_message.Message):
     def __init__(self, reservation_ids: _Optional[_Iterable[str]] = ..., version: _Optional[int] = ..., capacity: _Optional[int] = ..., retry_after_ms: _Optional[int] = ...) -> None: ...
 
 class ReleaseCapacityRequest(_message.Message):
-    __slots__ = ("request_id", "reservation_ids")
+    __slots__ = ("request_id", "reservation_ids", "rollout_id")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     RESERVATION_IDS_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUT_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     reservation_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, request_id: _Optional[str] = ..., reservation_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    rollout_id: str
+    def __init__(self, request_id: _Optional[str] = ..., reservation_ids: _Optional[_Iterable[str]] = ..., rollout_id: _Optional[str] = ...) -> None: ...
 
 class ReleaseCapacityResponse(_message.Message):
     __slots__ = ("released",)

@@ -230,11 +230,18 @@ class BufferClient:
         return Reservation(list(r.reservation_ids), r.version, r.capacity, r.retry_after_ms)
 
     async def release(
-        self, reservation_ids: Sequence[str], *, request_id: str | None = None
+        self,
+        reservation_ids: Sequence[str],
+        *,
+        request_id: str | None = None,
+        rollout_id: str = "",
     ) -> int:
-        """Give back reservations that will not be fulfilled; returns how many were held."""
+        """Give back reservations that will not be fulfilled; returns how many were held.
+        With no ids and a `rollout_id`, every reservation of that replica is released."""
         req = buffer_pb2.ReleaseCapacityRequest(
-            request_id=self._rid(request_id), reservation_ids=list(reservation_ids)
+            request_id=self._rid(request_id),
+            reservation_ids=list(reservation_ids),
+            rollout_id=rollout_id,
         )
         return (await self._call(self.stub.ReleaseCapacity, req)).released
 

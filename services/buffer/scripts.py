@@ -372,6 +372,21 @@ return out
 """
 )
 
+# ARGV: P, rollout_id -> number released (every reservation id is "<rollout_id>#<seq>")
+RELEASE_ROLLOUT = (
+    PRELUDE
+    + r"""
+local prefix = ARGV[2] .. '#'
+local released = 0
+for _, id in ipairs(redis.call('ZRANGE', RESV, 0, -1)) do
+  if string.sub(id, 1, #prefix) == prefix then
+    released = released + redis.call('ZREM', RESV, id)
+  end
+end
+return released
+"""
+)
+
 # ARGV: P, id... -> number released
 RELEASE = (
     PRELUDE
@@ -435,6 +450,7 @@ ALL = {
     "unclaim": UNCLAIM,
     "reserve": RESERVE,
     "release": RELEASE,
+    "release_rollout": RELEASE_ROLLOUT,
     "capacity": CAPACITY,
     "set_version": SET_VERSION,
     "stats": STATS,

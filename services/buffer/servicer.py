@@ -279,6 +279,10 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
     ) -> buffer_pb2.ReleaseCapacityResponse:
         ids = list(request.reservation_ids)
         _require(len(ids) <= MAX_IDS_PER_CALL, "reservation_ids", f"at most {MAX_IDS_PER_CALL}")
+        if not ids and request.rollout_id:
+            _require("#" not in request.rollout_id, "rollout_id", "no '#' in a rollout_id")
+            released = await self.store.release_rollout(request.rollout_id)
+            return buffer_pb2.ReleaseCapacityResponse(released=released)
         return buffer_pb2.ReleaseCapacityResponse(released=await self.store.release(ids))
 
     @_rpc

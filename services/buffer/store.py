@@ -267,6 +267,12 @@ class RedisStore:
             replayed=bool(int(r[2])),
         )
 
+    async def release_rollout(self, rollout_id: str) -> int:
+        """Release every reservation held by `rollout_id` (a replica restarting after a crash)."""
+        if not rollout_id or "#" in rollout_id:
+            raise ValueError(f"rollout_id {rollout_id!r} must be non-empty and contain no '#'")
+        return int(await self._run("release_rollout", rollout_id))
+
     async def release(self, reservation_ids: Sequence[str]) -> int:
         if not reservation_ids:
             return 0

@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import torch
 
-    torch.set_num_threads(max(1, int(getattr(cfg.rollout, "torch_num_threads", 0) or 1)))
+    torch.set_num_threads(cfg.rollout.torch_num_threads)
     asyncio.run(_serve(cfg, args.replica_index, args.eval_only))
     return 0
 

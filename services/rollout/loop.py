@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -129,12 +128,8 @@ class RolloutLoop:
 
     async def release_stale_reservations(self) -> None:
         """A restarted replica gives back what its previous incarnation reserved."""
-        release = getattr(self.buffer, "release", None)
-        if release is None or "rollout_id" not in inspect.signature(release).parameters:
-            log.info("buffer client cannot release by rollout_id; relying on reservation expiry")
-            return
         try:
-            n = await release([], rollout_id=self.rollout_id)
+            n = await self.buffer.release([], rollout_id=self.rollout_id)
             if n:
                 log.info("released reservations of a previous run", extra={"released": n})
         except Exception as exc:  # noqa: BLE001 - best effort at start-up

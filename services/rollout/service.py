@@ -49,7 +49,8 @@ def build_engine(cfg: Any, replica_index: int = 0) -> InferenceEngine:
             max_batch_size=r.torch_max_batch_size,
             seed=cfg.seed * 1000 + replica_index,
             tokenizer_path=tokenizer_path,
-            device=getattr(r, "torch_device", None) or None,
+            device=None if r.torch_device == "auto" else r.torch_device,
+            runner=r.torch_runner,
         )
     from services.rollout.engine.sglang_engine import SGLangEngine
 

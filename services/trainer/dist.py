@@ -80,6 +80,10 @@ def resolve_device(preference: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+def _backend(dev: torch.device) -> str:
+    return "cpu:gloo,cuda:nccl" if dev.type == "cuda" else "gloo"
+
+
 def init_distributed(device: str = "auto", timeout_s: float = 1800.0) -> DistContext:
     """Join (or create) the trainer's process group and build the 1-D FSDP device mesh.
 
@@ -88,16 +92,24 @@ def init_distributed(device: str = "auto", timeout_s: float = 1800.0) -> DistCon
     """
     owns = False
     if not dist.is_initialized():
-        if not launched_as_rank():
-            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-            os.environ["MASTER_PORT"] = str(free_port())
-            os.environ["RANK"] = "0"
-            os.environ["WORLD_SIZE"] = "1"
-            os.environ.setdefault("LOCAL_RANK", "0")
-        local_rank = int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
-        dev = resolve_device(device, local_rank)
-        backend = "cpu:gloo,cuda:nccl" if dev.type == "cuda" else "gloo"
-        dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if launched_as_rank():
+            local_rank = int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
+            dev = resolve_device(device, local_rank)
+            dist.init_process_group(backend=_backend(dev), timeout=timeout)
+        else:
+            # One rank on a free loopback port, without touching os.environ: child
+            # processes of this one must not mistake themselves for ranks of this group.
+            local_rank = 0
+            dev = resolve_device(device, local_rank)
+            dist.init_process_group(
+                backend=_backend(dev),
+                init_method=f"tcp://127.0.0.1:{free_port()}",
+                rank=0,
+                world_size=1,
+                timeout=timeout,
+            )
+        backend = _backend(dev)
         owns = True
     else:
         local_rank = int(os.environ.get("LOCAL_RANK", dist.get_rank()))
@@ -140,21 +152,6 @@ def broadcast_json(obj: Any, src: int = 0) -> Any:
     """JSON from `src` to every rank (others pass anything; their value is ignored)."""
     payload = json.dumps(obj).encode() if dist.get_rank() == src else None
     return json.loads(broadcast_bytes(payload, src).decode())
-
-
-def all_reduce_sum(values: list[float], device: torch.device | None = None) -> list[float]:
-    """Sum a few scalars over ranks in one collective (float64 on the CPU group)."""
-    t = torch.tensor(values, dtype=torch.float64)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t)
-    return [float(x) for x in t.tolist()]
-
-
-def all_reduce_max(values: list[float]) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return [float(x) for x in t.tolist()]
 
 
 def finish(code: int, ctx: DistContext | None = None) -> None:

@@ -26,7 +26,6 @@ from services.trainer.model import (
 )
 from services.trainer.optim import build_optimizer, build_scheduler
 
-
 # The critic's head output is a view; nothing here modifies a model output in place (values
 # are built out of place), which is what this FSDP2 warning is about.
 warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")

@@ -146,6 +146,11 @@ class WeightPublisher:
         """Make every replica (or those in `only`) serve `state_dict` as `version`."""
         targets = list(self.addresses if only is None else only)
         t0 = time.perf_counter()
+        dtype = getattr(torch, self.cfg.trainer.weight_dtype)
+        if any(t.dtype != dtype and t.is_floating_point() for t in state_dict.values()):
+            state_dict = {
+                k: t.to(dtype) if t.is_floating_point() else t for k, t in state_dict.items()
+            }
         manifest = await asyncio.to_thread(make_manifest, state_dict, version)
         if self.transport == "disk":
             results = await self._publish_disk(state_dict, manifest, targets)
@@ -286,7 +291,8 @@ class WeightPublisher:
             self._drop_group()
             outcomes.update({a: f"group rendezvous failed: {exc}" for a in alive})
             return outcomes
-        bucket = self.cfg.trainer.weight_bucket_bytes
+        # SGLang receives one broadcast per tensor (bucket_bytes=0), our engine buckets.
+        bucket = 0 if self.cfg.rollout.engine == "sglang" else self.cfg.trainer.weight_bucket_bytes
         specs = tensor_specs(sd)
         tasks = [
             asyncio.ensure_future(

@@ -229,6 +229,30 @@ async def test_reserve_and_release_over_grpc(make_buffer) -> None:
     assert (c.capacity, c.running, c.accepted) == (1, 0, 1)  # min(3, 2 - 1)
 
 
+async def test_restarted_replica_releases_all_its_reservations(make_buffer) -> None:
+    _, client = await make_buffer(
+        rollout={
+            "consumer_batch_size": 4,
+            "max_head_offpolicyness": 0,
+            "max_concurrent_rollouts": 8,
+        }
+    )
+    dead = await client.reserve(3, rollout_id="rollout-0")
+    other = await client.reserve(1, rollout_id="rollout-1")
+    # min(8 - 4, (0+0+1)*4 - 4) = 0: the dead replica's 3 block the budget.
+    assert (await client.capacity()).capacity == 0
+    assert await client.release([], rollout_id="rollout-0") == 3
+    c = await client.capacity()
+    assert (c.capacity, c.running) == (3, 1)  # min(8 - 1, 4 - 1); rollout-1 keeps its one
+    assert await client.release([], rollout_id="rollout-0") == 0  # retry is harmless
+    assert await client.release(other.reservation_ids) == 1
+    assert len(dead.reservation_ids) == 3
+    # "rollout-1" must not match "rollout-10": prefixes end at the '#'.
+    ten = await client.reserve(1, rollout_id="rollout-10")
+    assert await client.release([], rollout_id="rollout-1") == 0
+    assert await client.release(ten.reservation_ids) == 1
+
+
 async def test_auth_token_is_required(make_buffer) -> None:
     service, client = await make_buffer(auth_token="s3cret")
     assert (await client.put(make_group("a"))).result == "admitted"

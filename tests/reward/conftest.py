@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Coroutine, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
@@ -70,11 +71,32 @@ class RunningReward:
 
         return self.run(wait(), timeout)
 
+    def identities(self, n: int) -> set[tuple[int, int]]:
+        """`process_identity` of each worker, once `n` are ready."""
+        found = {process_identity(pid) for pid in self.wait_workers(n)}
+        return {ident for ident in found if ident is not None}
+
     def stop(self) -> None:
         self.channel.close()
         self.run(self.service.stop(grace=2.0))
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=10)
+
+
+def process_identity(pid: int) -> tuple[int, int] | None:
+    """(pid, start time since boot in clock ticks), or None when no such process runs.
+
+    "Is the killed worker gone?" cannot be asked with the pid alone: pids wrap (pid_max is
+    32768 on small machines) and a busy machine hands a freed pid out again within seconds.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] == "Z":  # a zombie is dead, only not reaped yet
+        return None
+    return pid, int(fields[19])  # field 22 of proc(5): starttime
 
 
 def service_config(**overrides: Any) -> RewardConfig:

@@ -5,7 +5,6 @@ of a chunk survives a timeout, the per-call CPU limit, the atomic queue bound, c
 from __future__ import annotations
 
 import asyncio
-import os
 
 import pytest
 
@@ -17,6 +16,7 @@ from services.reward.pool import (
     ScoreTask,
     WorkerPool,
 )
+from tests.reward.conftest import process_identity
 
 pytestmark = pytest.mark.integration
 
@@ -42,14 +42,6 @@ def task(
     return ScoreTask(fn.rsplit(":", 1)[-1], fn, payload, deadline_s)
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 async def started(**overrides: object) -> tuple[WorkerPool, RewardMetrics]:
     metrics = RewardMetrics()
     config = {"num_workers": 1, "memory_bytes": 1 << 30, "cpu_seconds": 0.0, "preload": (ARITH,)}
@@ -63,6 +55,7 @@ async def test_timeout_mid_chunk_requeues_the_rest_on_a_fresh_worker() -> None:
     pool, metrics = await started(max_chunk=8)
     try:
         [first_pid] = pool.worker_pids()
+        first = process_identity(first_pid)
         tasks = [
             task(completion="#### 4"),
             task(f"{FAULTY}:sleeps", deadline_s=1.0),
@@ -73,8 +66,8 @@ async def test_timeout_mid_chunk_requeues_the_rest_on_a_fresh_worker() -> None:
         assert [r.status for r in results] == ["OK", "TIMEOUT", "OK", "OK"]
         assert [r.reward for r in results] == [1.0, 0.0, 0.0, 1.0]
         assert "killed and replaced" in results[1].message
-        assert not alive(first_pid)
-        assert pool.worker_pids() != [first_pid]
+        assert first is not None and process_identity(first_pid) != first  # killed
+        assert [process_identity(p) for p in pool.worker_pids()] != [first]  # and replaced
         assert metrics.worker_restarts.labels(reason="timeout")._value.get() == 1
     finally:
         await pool.close()

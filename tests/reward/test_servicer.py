@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from collections.abc import Iterator
 
@@ -18,7 +17,7 @@ from hypothesis import strategies as st
 
 from flywheel_proto.v1 import common_pb2, reward_pb2
 from services.reward.client import RewardClient, ScoreItem
-from tests.reward.conftest import RunningReward, service_config
+from tests.reward.conftest import RunningReward, process_identity, service_config
 
 pytestmark = pytest.mark.integration
 
@@ -63,19 +62,21 @@ def batch(
     return list(resp.results)
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+def killed_pid(res: S.ScoreResult) -> int:
+    """The worker named in a TIMEOUT / crash message ("... worker 1234 ...")."""
+    return int(res.message.split("worker ")[1].split()[0])
 
 
-def assert_serving_on_fresh_workers(svc: RunningReward, killed: int | None) -> None:
-    """The service answers the next call correctly, and the killed worker is gone."""
-    pids = svc.wait_workers(2)
+def assert_serving_on_fresh_workers(
+    svc: RunningReward, before: set[tuple[int, int]], killed: int | None
+) -> None:
+    """The service answers the next call correctly, and the killed worker is gone (by
+    pid and start time: the pid alone may already belong to a new process)."""
+    now = svc.identities(2)
     if killed is not None:
-        assert killed not in pids and not alive(killed)
+        [old] = [ident for ident in before if ident[0] == killed]
+        assert old not in now
+        assert process_identity(killed) != old
     [res] = batch(svc, [item("#### 10")])
     assert (res.status, res.reward) == (S.REWARD_STATUS_OK, 1.0)
 
@@ -120,16 +121,16 @@ def test_dataset_fields_arrive_as_kwargs(svc: RunningReward) -> None:
 
 
 def test_function_that_raises_is_an_error_with_its_message(svc: RunningReward) -> None:
-    pids = svc.wait_workers(2)
+    before = svc.identities(2)
     results = batch(svc, [item("#### 10", fn="raises"), item("#### 10")])
     assert results[0].status == S.REWARD_STATUS_ERROR
     assert results[0].message == "ValueError: bad answer field '10'"
     assert (results[1].status, results[1].reward) == (S.REWARD_STATUS_OK, 1.0)
-    assert svc.worker_pids() == pids  # an exception does not cost the worker
+    assert svc.identities(2) == before  # an exception does not cost the worker
 
 
 def test_infinite_loop_is_killed_at_its_deadline(svc: RunningReward) -> None:
-    svc.wait_workers(2)
+    before = svc.identities(2)
     started = time.monotonic()
     [res] = batch(svc, [item("x", fn="loops_forever", deadline_ms=1000)])
     elapsed = time.monotonic() - started
@@ -139,36 +140,35 @@ def test_infinite_loop_is_killed_at_its_deadline(svc: RunningReward) -> None:
     # itself, so any finite answer shows the kill; the benchmark measures the overshoot.
     assert 1.0 <= res.seconds < 1.0 + 9.0
     assert elapsed < 1.0 + 9.0
-    killed = int(res.message.split("worker ")[1].split()[0])
-    assert_serving_on_fresh_workers(svc, killed)
+    assert_serving_on_fresh_workers(svc, before, killed_pid(res))
 
 
 def test_hanging_latex_times_out(svc: RunningReward) -> None:
     # sympy evaluates the power tower 9^(9^(9^9)) eagerly: the parse never returns.
-    svc.wait_workers(2)
+    before = svc.identities(2)
     [res] = batch(svc, [item("\\boxed{9^{9^{9^{9}}}}", "1", fn="math", deadline_ms=1500)])
     assert res.status == S.REWARD_STATUS_TIMEOUT
     assert 1.5 <= res.seconds < 1.5 + 9.0
-    assert_serving_on_fresh_workers(svc, int(res.message.split("worker ")[1].split()[0]))
+    assert_serving_on_fresh_workers(svc, before, killed_pid(res))
 
 
 def test_unbounded_allocation_hits_the_memory_limit(svc: RunningReward) -> None:
-    svc.wait_workers(2)
+    before = svc.identities(2)
     [res] = batch(svc, [item("x", fn="allocates_forever", deadline_ms=20000)])
     # RLIMIT_AS (512 MiB here) turns the allocation into MemoryError well before the
     # deadline; the worker reports it and is replaced.
     assert res.status == S.REWARD_STATUS_ERROR
     assert "MemoryError" in res.message or "died while scoring" in res.message
-    assert_serving_on_fresh_workers(svc, None)
+    assert_serving_on_fresh_workers(svc, before, None)
 
 
 def test_process_exit_inside_the_function_is_an_error(svc: RunningReward) -> None:
-    svc.wait_workers(2)
+    before = svc.identities(2)
     results = batch(svc, [item("x", fn="exits_process"), item("#### 10")])
     assert results[0].status == S.REWARD_STATUS_ERROR
     assert "exit code 7" in results[0].message
     assert results[1].reward == 1.0
-    assert_serving_on_fresh_workers(svc, int(results[0].message.split("worker ")[1].split()[0]))
+    assert_serving_on_fresh_workers(svc, before, killed_pid(results[0]))
 
 
 @pytest.mark.parametrize(

@@ -1,9 +1,8 @@
-"""Fixtures of the trainer tests (the tiny model fixture is shared with other services)."""
+"""Trainer tests: one torch thread per process (the machine's cores are shared); the tiny
+model fixture comes from the root conftest."""
 
 from __future__ import annotations
 
 import torch
-
-from tests.fixtures_models import tiny_model_dir  # noqa: F401
 
 torch.set_num_threads(1)

@@ -86,7 +86,9 @@ def start_trainer(config_path: Path, *overrides: str, log_path: Path) -> subproc
     )
 
 
-def wait_serving(address: str, proc: subprocess.Popen, log_path: Path, timeout: float = 120.0) -> None:
+def wait_serving(
+    address: str, proc: subprocess.Popen, log_path: Path, timeout: float = 120.0
+) -> None:
     """Block until the service at `address` reports SERVING; fail at once (with its log
     tail) if its process exits first."""
     import time

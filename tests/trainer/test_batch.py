@@ -27,7 +27,9 @@ def _traj(tid: str, gid: str, ids: list[int], prompt_len: int, reward: float) ->
 
 def test_padding_and_group_index() -> None:
     groups = [
-        TrajectoryGroup("a", [_traj("a0", "a", [4, 5, 6], 2, 1.0), _traj("a1", "a", [4, 5], 1, 0.0)]),
+        TrajectoryGroup(
+            "a", [_traj("a0", "a", [4, 5, 6], 2, 1.0), _traj("a1", "a", [4, 5], 1, 0.0)]
+        ),
         TrajectoryGroup("b", [_traj("b0", "b", [7, 8, 9, 10], 2, 0.5)]),
     ]
     b = from_groups(groups)

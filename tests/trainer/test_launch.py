@@ -62,7 +62,9 @@ def test_ranks_after_gloo_collectives_exit_zero(tmp_path: Path) -> None:
 def test_two_rank_service_trains_what_one_rank_trains(
     tiny_model_dir: Path, tmp_path: Path, redis_server: RedisServer
 ) -> None:
-    batches = [synthetic_groups(tiny_model_dir, n_groups=2, seed=s, prefix=f"r{s}-") for s in (0, 1)]
+    batches = [
+        synthetic_groups(tiny_model_dir, n_groups=2, seed=s, prefix=f"r{s}-") for s in (0, 1)
+    ]
     cfg = trainer_config(
         tiny_model_dir,
         tmp_path,

@@ -24,9 +24,7 @@ def test_matches_a_loop(shape: tuple[int, int, int], temperature: float) -> None
         for j in range(1, t):
             z = logits[i, j - 1] / temperature
             p = torch.softmax(z, -1)
-            torch.testing.assert_close(
-                logp[i, j], torch.log(p[ids[i, j]]), rtol=1e-5, atol=1e-6
-            )
+            torch.testing.assert_close(logp[i, j], torch.log(p[ids[i, j]]), rtol=1e-5, atol=1e-6)
             torch.testing.assert_close(ent[i, j], -(p * p.log()).sum(), rtol=1e-5, atol=1e-6)
 
 

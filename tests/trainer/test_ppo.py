@@ -127,7 +127,9 @@ def test_non_finite_gradient_skips_the_update_and_counts_it(
     # The schedule still advanced: the next step uses warm-up factor (1 + 1) / 2 = 1.
     r2 = t.train_batch(groups)
     assert r2.skipped_updates == 0
-    assert r2.lr == pytest.approx(1e-2 * lr_factor(1, total=100, warmup=2, kind="linear", min_lr_ratio=0.0))
+    assert r2.lr == pytest.approx(
+        1e-2 * lr_factor(1, total=100, warmup=2, kind="linear", min_lr_ratio=0.0)
+    )
     assert r.lr == pytest.approx(1e-2 * 0.5)  # (0 + 1) / 2
 
 
@@ -147,7 +149,8 @@ def test_ppo_with_critic_and_reference(tiny_model_dir: Path, tmp_path: Path, gro
         "actor.discount=0.99",
     )
     critic_before = {
-        k: v.clone() for k, v in t.critic.full_state_dict().items()  # type: ignore[union-attr]
+        k: v.clone()
+        for k, v in t.critic.full_state_dict().items()  # type: ignore[union-attr]
     }
     r1 = t.train_batch(groups)
     r2 = t.train_batch(groups)

@@ -22,7 +22,9 @@ pytestmark = pytest.mark.integration
 def _wait(fn, proc, log: Path, what: str, timeout: float = 300):
     deadline = time.monotonic() + timeout  # guards a hang; not a timing assertion
     while True:
-        assert proc.poll() is None, f"trainer exited while waiting for {what}:\n" + log.read_text()[-3000:]
+        assert proc.poll() is None, (
+            f"trainer exited while waiting for {what}:\n" + log.read_text()[-3000:]
+        )
         try:
             value = fn()
             if value:
@@ -102,9 +104,23 @@ def test_control_metrics_and_clean_exit(
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines] == [1, 2]
     assert all(r["importance_weight"] == 1.0 for r in lines)
-    needed = {"step", "version", "task_reward", "staleness_max", "staleness_avg",
-              "importance_weight", "behave_imp_weight", "no_eos_ratio", "loss", "grad_norm",
-              "lr", "samples", "step_seconds", "wall_time", "group_ids"}
+    needed = {
+        "step",
+        "version",
+        "task_reward",
+        "staleness_max",
+        "staleness_avg",
+        "importance_weight",
+        "behave_imp_weight",
+        "no_eos_ratio",
+        "loss",
+        "grad_norm",
+        "lr",
+        "samples",
+        "step_seconds",
+        "wall_time",
+        "group_ids",
+    }
     assert needed <= set(lines[0])
     assert lines[0]["samples"] == 8  # 2 groups x 4 trajectories
     # Stop saved the last step (save_on_exit).

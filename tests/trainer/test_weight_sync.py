@@ -10,7 +10,7 @@ counted, and does not stop the publication.
 
 from __future__ import annotations
 
-import asyncio
+import gc
 import os
 import subprocess
 import sys
@@ -64,12 +64,21 @@ def setup(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     try:
         wait_serving(f"127.0.0.1:{port}", proc, log_path)
         trainer = PPOTrainer(cfg)
-        yield {"cfg": cfg, "trainer": trainer, "io": io, "root": root, "address": f"127.0.0.1:{port}"}
+        yield {
+            "cfg": cfg,
+            "trainer": trainer,
+            "io": io,
+            "root": root,
+            "address": f"127.0.0.1:{port}",
+        }
     finally:
         io.close()
+        # Free the trainer side of the weights group (its TCPStore host) so the replica's
+        # leaving barrier fails fast instead of waiting for its timeout.
+        gc.collect()
         proc.terminate()
         try:
-            proc.wait(timeout=20)
+            proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             proc.kill()
 
@@ -158,7 +167,9 @@ def test_unreachable_replica_is_marked_unhealthy_and_counted(setup: dict) -> Non
     dead = f"127.0.0.1:{free_port()}"  # nothing listens there
 
     async def publish():
-        pub = WeightPublisher(cfg, weight_dir=setup["root"] / "w-dead", addresses=[setup["address"], dead])
+        pub = WeightPublisher(
+            cfg, weight_dir=setup["root"] / "w-dead", addresses=[setup["address"], dead]
+        )
         try:
             report = await pub.publish(sd, trainer.version)
             return report, pub.failures_total, set(pub.unhealthy)

@@ -100,3 +100,13 @@ class RolloutConfig(FlywheelModel):
 
     weight_update_timeout: float = Field(default=600.0, gt=0.0)
     """Flywheel: seconds a replica may take to apply new weights before it is reported."""
+
+    torch_device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Flywheel: device of the torch engine; `auto` uses CUDA when present."""
+
+    torch_runner: Literal["auto", "native", "hf"] = "auto"
+    """Flywheel: torch engine decoder: `native` (fast path for Qwen2/Qwen3/Llama/Mistral),
+    `hf` (any causal LM through its own forward), `auto` picks native when it applies."""
+
+    torch_num_threads: int = Field(default=1, ge=1)
+    """Flywheel: CPU threads of the torch engine process (`torch.set_num_threads`)."""

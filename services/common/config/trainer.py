@@ -81,8 +81,9 @@ class TrainerConfig(FlywheelModel):
     """With every checkpoint, also write the policy in Hugging Face format
     (`<checkpoint>/hf`) for serving and evaluation."""
 
-    weight_bucket_bytes: int = Field(default=64 << 20, ge=1 << 10)
-    """Bucket size of the `distributed` weight transport (bytes per broadcast)."""
+    weight_bucket_bytes: int = Field(default=64 << 20, ge=0)
+    """Bucket size of the `distributed` weight transport (bytes per broadcast); 0 sends one
+    broadcast per tensor. With `rollout.engine: sglang` 0 is always used (SGLang's layout)."""
 
     weight_chunk_bytes: int = Field(default=4 << 20, ge=1 << 10)
     """Chunk size of the `grpc` weight transport (bytes per message)."""
@@ -94,3 +95,7 @@ class TrainerConfig(FlywheelModel):
     keep_weight_versions: int = Field(default=2, ge=1)
     """Published weight directories (`disk` transport) kept under `weight_dir`; older ones
     are deleted once every replica serves a newer one."""
+
+    weight_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Dtype of published weights: the fp32 master copy (exact), or half the bytes for
+    replicas that serve in bf16/fp16 anyway (SGLang on GPUs)."""

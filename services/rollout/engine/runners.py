@@ -91,6 +91,7 @@ class NativeDecoderRunner:
         self.scaling = float(getattr(self.layers[0].self_attn, "scaling", self.head_dim**-0.5))
         self.max_positions = _max_positions(model)
         self.max_slots = max_slots
+        self._silu = getattr(cfg, "hidden_act", "silu") == "silu"
         param = next(model.parameters())
         self.device = param.device
         self.dtype = param.dtype
@@ -222,17 +223,25 @@ class NativeDecoderRunner:
         b, length, _ = h.shape
         w, bias = self._qkv[i]
         qkv = F.linear(h, w, bias)
-        q, k, v = qkv.split([self._q_size, self._kv_size, self._kv_size], dim=-1)
-        q = q.view(b, length, -1, self.head_dim)
-        k = k.view(b, length, -1, self.head_dim)
-        v = v.view(b, length, -1, self.head_dim)
-        if getattr(attn, "q_norm", None) is not None:  # Qwen3
-            q = attn.q_norm(q)
-            k = attn.k_norm(k)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        nq, nkv = self.num_heads, self.num_kv_heads
+        if getattr(attn, "q_norm", None) is not None:  # Qwen3: per-head norms before RoPE
+            q, k, v = qkv.split([self._q_size, self._kv_size, self._kv_size], dim=-1)
+            qk = torch.cat(
+                [
+                    attn.q_norm(q.view(b, length, nq, self.head_dim)),
+                    attn.k_norm(k.view(b, length, nkv, self.head_dim)),
+                ],
+                dim=2,
+            )
+        else:
+            qk = qkv[..., : self._q_size + self._kv_size].view(b, length, nq + nkv, self.head_dim)
+            v = qkv[..., self._q_size + self._kv_size :]
+        # RoPE on q and k together (one set of ops): x * cos + rotate_half(x) * sin
+        cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
+        qk = qk * cos + _rotate_half(qk) * sin
+        q = qk[:, :, :nq].transpose(1, 2)
+        k = qk[:, :, nq:].transpose(1, 2)
+        v = v.reshape(b, length, nkv, self.head_dim).transpose(1, 2)
         return q, k, v
 
     def _finish_layer(
@@ -246,17 +255,20 @@ class NativeDecoderRunner:
         gate, up = F.linear(self._norm(layer.post_attention_layernorm, x), self._gate_up[i]).chunk(
             2, dim=-1
         )
-        return x + F.linear(mlp.act_fn(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
+        act = F.silu(gate) if self._silu else mlp.act_fn(gate)
+        return x + F.linear(act * up, mlp.down_proj.weight, mlp.down_proj.bias)
 
     def _attend_one(
-        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
         """Attention of one query per row: plain matmuls beat the SDPA kernels at this size."""
         if self.num_kv_heads != self.num_heads:
             rep = self.num_heads // self.num_kv_heads
             keys = keys.repeat_interleave(rep, dim=1)
             values = values.repeat_interleave(rep, dim=1)
-        scores = torch.matmul(q, keys.transpose(-1, -2)).mul_(self.scaling).add_(bias)
+        scores = torch.matmul(q, keys.transpose(-1, -2)).mul_(self.scaling)
+        if bias is not None:
+            scores = scores.add_(bias)
         return torch.matmul(torch.softmax(scores, dim=-1), values)
 
     def _sdpa(
@@ -281,8 +293,10 @@ class NativeDecoderRunner:
         pos = torch.tensor(pos_list, device=dev)
         ids = torch.tensor([[s.tokens[-1]] for s in ordered], device=dev)
         length = max(pos_list) + 1
-        bias = torch.zeros(b, 1, 1, length, dtype=self.dtype, device=dev)
-        if min(pos_list) + 1 < length:
+        uniform = min(pos_list) + 1 == length  # every row at the same position: no mask
+        bias = None
+        if not uniform:
+            bias = torch.zeros(b, 1, 1, length, dtype=self.dtype, device=dev)
             bias.masked_fill_(
                 (torch.arange(length, device=dev).unsqueeze(0) > pos.unsqueeze(1)).view(
                     b, 1, 1, length
@@ -295,7 +309,12 @@ class NativeDecoderRunner:
         x = self.embed(ids)
         for i, layer in enumerate(self.layers):
             q, k, v = self._attn_qkv(i, layer, self._norm(layer.input_layernorm, x), cos, sin)
-            if contiguous:
+            if contiguous and uniform:
+                kc, vc = self.k[i][:b], self.v[i][:b]
+                kc[:, :, length - 1] = k[:, :, 0]
+                vc[:, :, length - 1] = v[:, :, 0]
+                keys, values = kc[:, :, :length], vc[:, :, :length]
+            elif contiguous:
                 kc, vc = self.k[i][:b], self.v[i][:b]
                 kc[rows, :, pos] = k[:, :, 0]
                 vc[rows, :, pos] = v[:, :, 0]

@@ -89,7 +89,19 @@ async def test_sampled_logprobs_equal_a_fresh_forward(
     assert again.output_ids == outs[0].output_ids
 
 
+@pytest.mark.parametrize("runner", ["native", "hf"])
 async def test_update_mid_generation_switches_version_and_weights(
+    tiny_model_dir: Path, other_model_dir: Path, runner: str
+) -> None:
+    engine = TorchEngine(tiny_model_dir, max_batch_size=4, runner=runner, device="cpu")
+    await engine.start()
+    try:
+        await _update_mid_generation(engine, tiny_model_dir, other_model_dir)
+    finally:
+        await engine.stop()
+
+
+async def _update_mid_generation(
     engine: TorchEngine, tiny_model_dir: Path, other_model_dir: Path
 ) -> None:
     new = load_model(other_model_dir)

@@ -33,8 +33,8 @@ from services.rollout.engine.sglang_engine import (
 )
 from services.rollout.types import SamplingParams
 from tests.rollout.conftest import load_model
+from tests.rollout.engine.test_torch_engine import PROMPTS, fresh_logprobs, hf_greedy
 from tests.rollout.sglang_standin import SGLangStandIn
-from tests.rollout.test_torch_engine import PROMPTS, fresh_logprobs, hf_greedy
 from tests.rollout.test_weight_transports import free_port
 
 pytestmark = pytest.mark.integration
