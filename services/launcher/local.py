@@ -205,7 +205,7 @@ class LocalRun:
             if code != 0:
                 return code
             self.evaluate(self.last_step)
-            self.scraped = scrape_metrics(self._addresses())
+            self._scrape()
             summary = self.finish()
             return 0 if summary["invariants_ok"] else 1
         except ServiceFailed as err:
@@ -226,6 +226,7 @@ class LocalRun:
             Path(self.cfg.trainer.metrics_jsonl or self.run_dir / "metrics.jsonl")
         )
         freq = self.cfg.launcher.eval.freq_steps
+        last_scrape = 0.0
         next_eval = freq if freq > 0 else None
         total = self.cfg.total_train_steps
         while True:
@@ -237,6 +238,9 @@ class LocalRun:
                 self.evaluate(step)
                 while next_eval <= step:
                     next_eval += freq
+            if time.monotonic() - last_scrape > 5.0:
+                self._scrape()  # while the trainer lives: it exits when done
+                last_scrape = time.monotonic()
             code = trainer.poll()
             if code is not None:
                 trainer.wait()
@@ -253,6 +257,12 @@ class LocalRun:
                 if proc is not trainer and not proc.alive():
                     self._restart_or_fail(proc)
             time.sleep(1.0)
+
+    def _scrape(self) -> None:
+        """Keep, per service, the series of its latest successful scrape."""
+        for name, series in scrape_metrics(self._addresses()).items():
+            if series:
+                self.scraped[name] = series
 
     def _restart_or_fail(self, proc: ServiceProcess) -> None:
         """A dead rollout replica is restarted (its groups already put are safe in the buffer,

@@ -202,7 +202,11 @@ class WeightPublisher:
                 self._guarded(
                     a,
                     self.clients[a].update_weights_from_disk(
-                        str(path.resolve()), saved, request_id=f"w{manifest.version}-{a}"
+                        str(path.resolve()),
+                        saved,
+                        # Names this exact update (the replica deduplicates retries on it):
+                        # republishing other weights under the same version gets a new id.
+                        request_id=f"w{manifest.version}-{manifest.checksum[:16]}-{a}",
                     ),
                     manifest.version,
                 )

@@ -11,9 +11,10 @@ import torch
 from safetensors.torch import load_file
 
 from flywheel_proto.v1 import buffer_pb2
-from services.common.codec import group_to_proto
+from services.common.codec import group_from_proto, group_to_proto
 from services.trainer.launch import spawn_ranks
-from tests.trainer.helpers import synthetic_groups
+from services.trainer.ppo import PPOTrainer
+from tests.trainer.helpers import synthetic_groups, trainer_config
 
 JOB = Path(__file__).with_name("rank_job.py")
 
@@ -37,8 +38,10 @@ def _run(world: int, tmp: Path, model: Path, batches: list[Path], device: str, *
 
 def _batches(tmp: Path, model: Path) -> list[Path]:
     paths = []
-    for seed in (0, 1):
-        groups = synthetic_groups(model, n_groups=3, seed=seed)
+    # The third batch has 2 sequences: with 2 minibatches each rank-share of a minibatch
+    # holds 1 or 0 sequences, so one rank runs an empty (dummy) micro-batch.
+    for seed, n_groups, size in ((0, 3, 4), (1, 3, 4), (2, 1, 2)):
+        groups = synthetic_groups(model, n_groups=n_groups, group_size=size, seed=seed)
         p = tmp / f"batch{seed}.pb"
         p.write_bytes(
             buffer_pb2.ClaimResponse(groups=[group_to_proto(g) for g in groups]).SerializeToString()
@@ -64,12 +67,23 @@ def _check(one, two) -> None:
         torch.testing.assert_close(w1[k], w2[k], rtol=0, atol=2e-4)
 
 
+def _in_process(tmp: Path, model: Path, batches: list[Path], *overrides: str):
+    """The same batches through a one-rank trainer in this process (same code path)."""
+    trainer = PPOTrainer(trainer_config(model, tmp, *overrides))
+    results = []
+    for path in batches:
+        msg = buffer_pb2.ClaimResponse.FromString(path.read_bytes())
+        r = trainer.train_batch([group_from_proto(g) for g in msg.groups])
+        results.append({"loss": r.loss, "stats": r.stats, "grad_norm": r.grad_norm})
+    return results, trainer.actor.full_state_dict()
+
+
 @pytest.mark.integration
 def test_two_ranks_equal_one_rank(tiny_model_dir: Path, tmp_path: Path) -> None:
     batches = _batches(tmp_path, tiny_model_dir)
     overrides = ("actor.ppo_n_minibatches=2", "actor.mb_spec.max_tokens_per_mb=40")
-    one = _run(1, tmp_path, tiny_model_dir, batches, "cpu", *overrides)
     two = _run(2, tmp_path, tiny_model_dir, batches, "cpu", *overrides)
+    one = _in_process(tmp_path, tiny_model_dir, batches, *overrides)
     _check(one, two)
     # The update did move the weights (the comparison is not between two untouched models).
     initial = load_file(str(tiny_model_dir / "model.safetensors"))

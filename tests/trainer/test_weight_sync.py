@@ -11,6 +11,7 @@ counted, and does not stop the publication.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import subprocess
 import sys
@@ -20,16 +21,19 @@ from pathlib import Path
 import pytest
 import torch
 
+from services.buffer.client import BufferClient
 from services.common.config import FlywheelConfig
-from services.common.redis_server import free_port
+from services.common.redis_server import RedisServer, free_port
 from services.rollout.client import RolloutClient
 from services.rollout.types import SamplingParams
+from services.trainer.control import Control
 from services.trainer.io_loop import IOLoop
 from services.trainer.logprobs import token_logprobs
+from services.trainer.loop import RunPaths, TrainerLoop
 from services.trainer.ppo import PPOTrainer
 from services.trainer.weight_sync import LATEST_FILE, WeightPublisher, version_dir
 from tests.trainer.helpers import synthetic_groups, trainer_config
-from tests.trainer.services import ROOT, wait_serving, write_config
+from tests.trainer.services import ROOT, running_buffer, wait_serving, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -108,6 +112,16 @@ def _sample_and_score(setup: dict, version: int) -> tuple[torch.Tensor, torch.Te
     return torch.cat(served), torch.cat(recomputed), result.version
 
 
+def _next_version(setup: dict) -> int:
+    """Versions only move forward on a replica: publish above whatever it serves now."""
+
+    async def served() -> int:
+        async with RolloutClient(setup["address"]) as c:
+            return await c.get_version()
+
+    return setup["io"].run(served(), timeout=30) + 1
+
+
 def _as_batch(ids: torch.Tensor):
     from services.trainer.batch import SeqBatch
 
@@ -127,6 +141,81 @@ def _as_batch(ids: torch.Tensor):
     )
 
 
+def test_service_loop_publishes_every_step_in_sync_mode(
+    setup: dict, tiny_model_dir: Path, tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """The whole loop (buffer claim -> train -> ack -> version -> publish) with eta = 0:
+    the replica is paused around the update and serves each new version afterwards."""
+    io: IOLoop = setup["io"]
+    base: FlywheelConfig = setup["cfg"]
+    cfg = trainer_config(
+        tiny_model_dir,
+        tmp_path,
+        f"services.rollout.port={base.services.rollout.port}",
+        "rollout.max_head_offpolicyness=0",
+        "rollout.consumer_batch_size=2",
+        "total_train_steps=2",
+        "trainer.save_freq_steps=null",
+        "trainer.claim_wait_ms=100",
+        f"gconfig.temperature={TEMPERATURE}",
+        f"actor.temperature={TEMPERATURE}",
+    )
+    with running_buffer(cfg, redis_server.url) as buf:
+        buf.put(synthetic_groups(tiny_model_dir, n_groups=2, seed=5))
+        # eta = 0: the second batch is admitted once the buffer moved to version 1.
+        second = synthetic_groups(tiny_model_dir, n_groups=2, seed=6, version=1)
+        services = cfg.services.model_copy(
+            update={"buffer": cfg.services.buffer.model_copy(update={"port": buf.port})}
+        )
+        cfg = cfg.model_copy(update={"services": services})
+        paths = RunPaths.from_config(cfg)
+
+        async def clients():
+            return (
+                BufferClient(cfg.services.buffer.address),
+                WeightPublisher(cfg, weight_dir=paths.weight_dir),
+            )
+
+        buffer, publisher = io.run(clients(), timeout=30)
+        loop = TrainerLoop(
+            cfg,
+            PPOTrainer(cfg),
+            paths=paths,
+            control=Control(total_train_steps=2, world_size=1),
+            io=io,
+            buffer=buffer,
+            publisher=publisher,
+            on_ready=lambda: None,
+        )
+        original = loop._train_step
+
+        def train_then_feed(groups, *, wait_batch):
+            original(groups, wait_batch=wait_batch)
+            if loop.trainer.step == 1:
+                assert buf.put(second) == ["admitted", "admitted"]
+
+        loop._train_step = train_then_feed  # type: ignore[method-assign]
+        try:
+            assert loop.run() == 0
+        finally:
+            io.run(buffer.close(), timeout=10)
+            io.run(publisher.close(), timeout=10)
+        assert buf.call(buf.client.get_version()) == 2
+
+    async def replica_state():
+        async with RolloutClient(setup["address"]) as c:
+            return await c.stats()
+
+    stats = io.run(replica_state(), timeout=30)
+    assert stats.version == 2 and not stats.paused  # resumed after the last update
+    lines = [json.loads(x) for x in paths.metrics_jsonl.read_text().splitlines()]
+    assert [r["version"] for r in lines] == [1, 2]
+    assert all(r["replicas_updated"] == 1 and r["replicas_failed"] == [] for r in lines)
+    assert all(r["phase_seconds"]["broadcast"] > 0 for r in lines)
+    # The disk transport left the newest version's directory for late replicas.
+    assert (paths.weight_dir / LATEST_FILE).read_text() == version_dir(paths.weight_dir, 2).name
+
+
 @pytest.mark.parametrize("transport", ["disk", "grpc", "distributed"])
 def test_published_weights_give_the_trainers_logprobs(setup: dict, transport: str) -> None:
     cfg: FlywheelConfig = setup["cfg"]
@@ -135,7 +224,7 @@ def test_published_weights_give_the_trainers_logprobs(setup: dict, transport: st
     # One step moves the weights away from the replica's initial copy.
     trainer.train_batch(synthetic_groups(Path(cfg.actor.path), n_groups=2))
     sd = trainer.actor.full_state_dict()
-    version = trainer.version
+    version = _next_version(setup)
     tcfg = cfg.model_copy(
         update={"trainer": cfg.trainer.model_copy(update={"weight_transport": transport})}
     )
@@ -165,13 +254,14 @@ def test_unreachable_replica_is_marked_unhealthy_and_counted(setup: dict) -> Non
     trainer: PPOTrainer = setup["trainer"]
     sd = trainer.actor.full_state_dict()
     dead = f"127.0.0.1:{free_port()}"  # nothing listens there
+    version = _next_version(setup)
 
     async def publish():
         pub = WeightPublisher(
             cfg, weight_dir=setup["root"] / "w-dead", addresses=[setup["address"], dead]
         )
         try:
-            report = await pub.publish(sd, trainer.version)
+            report = await pub.publish(sd, version)
             return report, pub.failures_total, set(pub.unhealthy)
         finally:
             await pub.close()
