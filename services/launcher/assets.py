@@ -153,6 +153,16 @@ def assign_ports(cfg: FlywheelConfig) -> None:
             ep.metrics_port = _free_block(n)
 
 
+def resolve_run_paths(cfg: FlywheelConfig, run_dir: Path) -> None:
+    """Write the run directory's default paths into the config, so every service (not only
+    the one that owns a path) finds checkpoints, published weights and metrics in one place:
+    a restarted rollout replica loads the newest published weights from `weight_dir`."""
+    t = cfg.trainer
+    t.checkpoint_dir = t.checkpoint_dir or str(run_dir / "checkpoints")
+    t.weight_dir = t.weight_dir or str(run_dir / "weights")
+    t.metrics_jsonl = t.metrics_jsonl or str(run_dir / "metrics.jsonl")
+
+
 def write_resolved_config(cfg: FlywheelConfig, run_dir: Path) -> Path:
     path = run_dir / "config.yaml"
     data = cfg.model_dump(mode="json")

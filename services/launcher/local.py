@@ -56,6 +56,7 @@ class LocalRun:
         assets.prepare_data(self.cfg, self.run_dir)
         assets.prepare_model(self.cfg, self.run_dir, log=_say)
         assets.assign_ports(self.cfg)
+        assets.resolve_run_paths(self.cfg, self.run_dir)
         if not self.cfg.buffer.redis_url:
             self.redis = RedisServer(
                 dir=self.run_dir / "redis",
