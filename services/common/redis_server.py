@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from services.common.proc import die_with_parent
+
 
 class RedisNotFound(RuntimeError):
     pass
@@ -107,7 +109,10 @@ class RedisServer:
 
     def start(self, timeout: float = 10.0) -> RedisServer:
         self.proc = subprocess.Popen(
-            self._args(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            self._args(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=die_with_parent,
         )
         self._wait_ready(timeout)
         return self

@@ -363,4 +363,13 @@ def run(
         from services.launcher import kubernetes
 
         return kubernetes.run(cfg)
-    return LocalRun(cfg).execute()
+    # SIGTERM (a scheduler or `kill`) stops the run like Ctrl-C: services drain in order.
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        return LocalRun(cfg).execute()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt

@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
+from services.common.proc import die_with_parent
+
 
 class ServiceProcess:
     """One service process (or the trainer's rank launcher) and its log pump."""
@@ -54,6 +56,7 @@ class ServiceProcess:
             stdin=subprocess.DEVNULL,
             env=self.env,
             start_new_session=True,  # Ctrl-C reaches the launcher, which stops us in order
+            preexec_fn=die_with_parent,
         )
         self._pump = threading.Thread(target=self._pump_logs, name=f"log-{self.name}", daemon=True)
         self._pump.start()

@@ -52,7 +52,7 @@ def warm_start(
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(model_dir))
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     model.train()
     pairs = _encode(tokenizer, train_rows, prompt_key)
     rng = random.Random(cfg.seed)

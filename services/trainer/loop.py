@@ -269,7 +269,7 @@ class TrainerLoop:
             phases["broadcast"] = time.perf_counter() - t
             del sd
         if self.ctx.is_main:
-            self._record_step(result, phases, ids, time.perf_counter() - t0 + wait_batch, report)
+            self._record_step(result, phases, ids, time.perf_counter() - t0, report)
 
     def _ack(self, ids: list[str]) -> None:
         assert self.buffer is not None

@@ -14,8 +14,6 @@ import signal
 import traceback
 from typing import Any
 
-import torch
-
 from flywheel_proto.v1 import trainer_pb2_grpc
 from services.buffer.client import BufferClient
 from services.common.config import FlywheelConfig
@@ -165,6 +163,6 @@ class TrainerService:
 
 
 def run_rank(cfg: FlywheelConfig) -> int:
-    """Entry of one rank: threads per rank from the environment, then the service."""
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    """Entry of one rank (intra-op threads follow OMP_NUM_THREADS, which the rank
+    launcher sets to 1 per rank unless the environment says otherwise)."""
     return TrainerService(cfg).run()

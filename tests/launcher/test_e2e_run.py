@@ -127,8 +127,12 @@ def test_run_recovers_when_rollout_is_killed(tmp_path: Path):
         os.kill(pid, signal.SIGKILL)
         out, _ = proc.communicate(timeout=500)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        if proc.poll() is None:  # let the launcher stop its services before giving up on it
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
     assert proc.returncode == 0, out[-4000:]
     assert "rollout-0 died" in out and "restarting" in out
     summary = json.loads((run_dir / "summary.json").read_text())

@@ -1,0 +1,75 @@
+"""Service processes: logs prefixed and kept, failures reported with their last lines, and no
+orphans when the launcher itself is killed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from services.launcher.processes import ServiceFailed, ServiceProcess, wait_until_serving
+
+
+def test_logs_go_to_file_and_tail_and_exit_code_is_reported(tmp_path):
+    code = "import sys\nfor i in range(50): print('line', i)\nsys.exit(3)"
+    proc = ServiceProcess("demo", [sys.executable, "-c", code], tmp_path, echo=False).start()
+    assert proc.wait(timeout=30) == 3
+    assert (tmp_path / "demo.log").read_text().count("line") == 50
+    assert proc.last_lines(2) == "line 48\nline 49"
+    with pytest.raises(ServiceFailed, match="exited with code 3 before it was healthy") as err:
+        wait_until_serving(proc, "127.0.0.1:1", timeout=5)
+    assert "line 49" in str(err.value)  # the failure carries the service's last words
+
+
+def test_stop_sends_sigterm_then_the_process_exits(tmp_path):
+    code = textwrap.dedent(
+        """
+        import signal, sys, time
+        signal.signal(signal.SIGTERM, lambda *a: (print('draining', flush=True), sys.exit(0)))
+        print('ready', flush=True)
+        time.sleep(60)
+        """
+    )
+    proc = ServiceProcess("svc", [sys.executable, "-c", code], tmp_path, echo=False).start()
+    deadline = time.monotonic() + 20
+    while "ready" not in proc.last_lines() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.stop(timeout=20) == 0
+    assert "draining" in (tmp_path / "svc.log").read_text()
+
+
+def test_children_die_when_the_launcher_is_killed(tmp_path):
+    """The launcher is SIGKILLed (no cleanup runs): its service must not outlive it."""
+    pid_file = tmp_path / "child.pid"
+    launcher = textwrap.dedent(
+        f"""
+        import sys, time
+        from pathlib import Path
+        from services.launcher.processes import ServiceProcess
+        p = ServiceProcess("sleeper", [sys.executable, "-c", "import time; time.sleep(120)"],
+                           Path({str(tmp_path)!r}), echo=False).start()
+        Path({str(pid_file)!r}).write_text(str(p.pid))
+        time.sleep(120)
+        """
+    )
+    parent = subprocess.Popen([sys.executable, "-c", launcher])
+    deadline = time.monotonic() + 30
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    os.kill(child, 0)  # alive while the launcher lives
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("service process outlived its killed launcher")
