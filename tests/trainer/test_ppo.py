@@ -172,3 +172,55 @@ def test_kl_without_reference_is_a_clear_error(tiny_model_dir: Path, tmp_path: P
     cfg.actor.kl_ctl = 0.1  # bypasses the loader's own check on purpose
     with pytest.raises(ValueError, match="ref.path"):
         PPOTrainer(cfg)
+
+
+def test_step_equals_a_plain_grpo_step(tiny_model_dir: Path, tmp_path: Path, groups) -> None:
+    """The sharded step against GRPO written out by hand on the plain HF model.
+
+    GRPO: A_i = (r_i - mean_g r) / (std_g r + eps) per prompt group (unbiased std), the same
+    A_i on every generated token; on-policy the ratio is exp(logp - logp.detach()) = 1 with
+    gradient ∇logp, so loss = -Σ_t A_t ratio_t / N over the N generated tokens; then the
+    global-norm clip at 1.0 and one AdamW step. Weights must agree to float precision.
+    """
+    from transformers import AutoModelForCausalLM
+
+    eps = 1e-5
+    t = _trainer(
+        tiny_model_dir,
+        tmp_path,
+        "actor.adv_norm=null",
+        "+actor.reward_norm.mean_level=group",
+        "actor.reward_norm.std_level=group",
+        f"actor.reward_norm.eps={eps}",
+        "actor.optimizer.lr=1e-3",
+        "actor.optimizer.gradient_clipping=1.0",
+        "actor.mb_spec.n_mbs=2",
+    )
+    r = t.train_batch(groups)
+    got = t.actor.full_state_dict()
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0
+    )
+    terms, n_tokens = [], 0
+    for g in groups:
+        rewards = torch.tensor([tr.reward for tr in g.trajectories])
+        adv = (rewards - rewards.mean()) / (rewards.std() + eps)
+        for tr, a in zip(g.trajectories, adv, strict=True):
+            ids = torch.as_tensor(tr.input_ids).unsqueeze(0)
+            logits = model(input_ids=ids).logits[0, :-1].float()
+            logp = torch.log_softmax(logits, -1).gather(1, ids[0, 1:, None]).squeeze(1)
+            mask = torch.as_tensor(tr.loss_mask[1:]).bool()
+            terms.append(-(a * torch.exp(logp - logp.detach()))[mask].sum())
+            n_tokens += int(mask.sum())
+    loss = torch.stack(terms).sum() / n_tokens
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+
+    torch.testing.assert_close(r.loss, float(loss), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(r.grad_norm, float(norm), rtol=1e-5, atol=1e-6)
+    expected = dict(model.named_parameters())
+    for k, v in got.items():
+        torch.testing.assert_close(v, expected[k].detach(), rtol=0, atol=1e-5)
