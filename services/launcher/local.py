@@ -46,6 +46,7 @@ class LocalRun:
         self.rollout_versions: list[int] = []
         self._stop = threading.Event()
         self.restarts = 0
+        self._last_progress_line = 0.0
         self.start_time = time.time()
 
     # ---- preparation -------------------------------------------------------------------
@@ -299,7 +300,14 @@ class LocalRun:
             f"staleness {last.get('staleness_max', 0)} {samples / max(elapsed, 1e-9):.1f} samples/s "
             f"{elapsed:.0f}s"
         )
-        sys.stderr.write(line)
+        if sys.stderr.isatty():
+            sys.stderr.write(line)
+        elif time.monotonic() - self._last_progress_line >= 15.0:
+            # Logs and CI: one plain line every 15 s instead of a redrawn bar.
+            sys.stderr.write(line.lstrip("\r") + "\n")
+            self._last_progress_line = time.monotonic()
+        else:
+            return
         sys.stderr.flush()
 
     def finish(self) -> dict[str, Any]:

@@ -59,7 +59,19 @@ def warm_start(
     torch.manual_seed(cfg.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     warmup = max(1, cfg.warmup_steps)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
+    decay = max(1, cfg.steps - warmup)
+
+    def factor(step: int) -> float:
+        # Linear warm-up (without it the first steps overshoot), then constant or a half
+        # cosine to 10% of the peak.
+        if step < warmup:
+            return (step + 1) / warmup
+        if not cfg.cosine_decay:
+            return 1.0
+        progress = min(1.0, (step - warmup) / decay)
+        return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
     pad = tokenizer.pad_token_id
     start = time.monotonic()
     loss_value = math.nan
@@ -74,13 +86,19 @@ def warm_start(
             ids[i, : len(seq)] = torch.tensor(seq)
             labels[i, len(p) : len(seq)] = torch.tensor(t)
             attn[i, : len(seq)] = 1
-        out = model(input_ids=ids, attention_mask=attn, labels=labels)
+        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]),
+            labels[:, 1:].reshape(-1),
+            ignore_index=-100,
+            label_smoothing=cfg.label_smoothing,
+        )
         opt.zero_grad(set_to_none=True)
-        out.loss.backward()
+        loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        loss_value = float(out.loss.detach())
+        loss_value = float(loss.detach())
         if step % 50 == 0 or step == cfg.steps - 1:
             log(f"warm start step {step + 1}/{cfg.steps} loss {loss_value:.4f}")
     model.eval()

@@ -46,6 +46,16 @@ class WarmStartConfig(FlywheelModel):
     warmup_steps: int = Field(default=50, ge=0)
     """Linear warm-up steps (without it the first steps overshoot)."""
 
+    cosine_decay: bool = False
+    """Decay the rate along a half cosine to 10% of the peak after warm-up (else constant).
+    For the short demo phase a constant rate learns more: the tiny model is still far from
+    converged when the phase ends."""
+
+    label_smoothing: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """Cross-entropy label smoothing: the warm-started policy ranks the right answer first but
+    stays unsure, like an instruction-tuned model sampled at temperature 1 (high greedy,
+    low sampled accuracy) - the gap RL closes by sharpening."""
+
     seed: int = 0
     """Seed of data order."""
 

@@ -24,19 +24,33 @@ def test_rows_are_two_digit_additions_with_gsm8k_answers() -> None:
 
 
 def test_splits_are_disjoint_whatever_the_seeds() -> None:
-    train = {r["id"] for r in generate_split("train", 7290, seed=1)}
-    valid = {r["id"] for r in generate_split("valid", 810, seed=2)}
-    # 90*90 = 8100 pairs; (7a + 3b) % 10 == 0 holds for 9 of every 90 -> 810 held out
-    assert len(train) == 7290 and len(valid) == 810 and not train & valid
+    train = {r["id"] for r in generate_split("train", 7279, seed=1)}
+    valid = {r["id"] for r in generate_split("valid", 821, seed=2)}
+    # 90*90 = 8100 pairs; the CRC32 rule holds out 821 of them (about one in ten)
+    assert len(train) == 7279 and len(valid) == 821 and not train & valid
     assert all(is_held_out(*map(int, i.split("+"))) for i in valid)
+
+
+def test_held_out_pairs_cover_units_digits_seen_in_training() -> None:
+    """A rule linear mod 10 would hold out whole units-digit sums (e.g. all a0 == b0) that
+    training never shows; the hash keeps every units-digit combination in both splits."""
+    train = {
+        (int(i.split("+")[0]) % 10, int(i.split("+")[1]) % 10)
+        for i in (r["id"] for r in generate_split("train", 7279, seed=1))
+    }
+    valid = {
+        (int(i.split("+")[0]) % 10, int(i.split("+")[1]) % 10)
+        for i in (r["id"] for r in generate_split("valid", 821, seed=1))
+    }
+    assert len(train) == 100 and valid <= train
 
 
 def test_deterministic_given_seed_and_repeats_beyond_the_pool() -> None:
     assert generate_split("valid", 50, seed=3) == generate_split("valid", 50, seed=3)
     assert generate_split("valid", 50, seed=3) != generate_split("valid", 50, seed=4)
     rows = generate_split("valid", 1000, seed=0)
-    # 810 distinct problems, then a fresh permutation: 190 repeats
-    assert len(rows) == 1000 and len({r["id"] for r in rows}) == 810
+    # 821 distinct problems, then a fresh permutation: 179 repeats
+    assert len(rows) == 1000 and len({r["id"] for r in rows}) == 821
     with pytest.raises(ValueError, match="split="):
         generate_split("test", 1, seed=0)  # type: ignore[arg-type]
 
