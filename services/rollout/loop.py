@@ -59,6 +59,8 @@ class RolloutLoop:
         metrics: RolloutMetrics | None = None,
         check_trajectory_format: bool = False,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        max_head_offpolicyness: int | None = None,
+        catch_up: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         if max_concurrent < 1:
             raise ValueError(f"max_concurrent_rollouts={max_concurrent}: must be >= 1")
@@ -70,6 +72,9 @@ class RolloutLoop:
         self.max_concurrent = max_concurrent
         self.request_timeout = request_timeout
         self.put_retries = put_retries
+        self.max_head_offpolicyness = max_head_offpolicyness
+        self.catch_up = catch_up
+        self._last_catch_up = -1
         self.metrics = metrics
         self.check_trajectory_format = check_trajectory_format
         self.stats = LoopStats()
@@ -155,6 +160,7 @@ class RolloutLoop:
                 log.warning("capacity reservation failed", extra={"error": str(exc)})
                 await self._wait(1.0)
                 continue
+            await self._maybe_catch_up(reservation.version)
             if not reservation.reservation_ids:
                 self._slots.release()
                 await self._wait(max(reservation.retry_after_ms, 10) / 1000.0)
@@ -169,6 +175,20 @@ class RolloutLoop:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             self._set_gauges()
+
+    async def _maybe_catch_up(self, buffer_version: int) -> None:
+        """More than η behind the buffer: what we generate now would be dropped as stale,
+        so pull the newest published weights (once per buffer version) before generating."""
+        eta = self.max_head_offpolicyness
+        if self.catch_up is None or eta is None or buffer_version == self._last_catch_up:
+            return
+        if buffer_version - int(getattr(self.engine, "version", buffer_version)) <= eta:
+            return
+        self._last_catch_up = buffer_version
+        try:
+            await self.catch_up()
+        except Exception as exc:  # noqa: BLE001 - a failed pull leaves the old weights serving
+            log.warning("catch-up from published weights failed", extra={"error": str(exc)})
 
     async def _wait(self, seconds: float) -> None:
         """Sleep, but wake early on drain."""

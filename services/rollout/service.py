@@ -206,7 +206,26 @@ class RolloutService:
             put_retries=r.request_retries,
             metrics=self.metrics,
             check_trajectory_format=r.check_trajectory_format,
+            max_head_offpolicyness=r.max_head_offpolicyness,
+            catch_up=self.catch_up,
         )
+
+    async def catch_up(self) -> bool:
+        """Load the newest published weights when they are newer than what is served.
+
+        Pushes from the trainer are the normal path; this is the pull that heals a replica
+        that missed them (restarted while the trainer published, or marked unhealthy and
+        skipped): without it, everything it generates is too stale to admit, the trainer
+        waits for data, and no further push ever comes."""
+        latest = newest_published_weights(getattr(self.cfg.trainer, "weight_dir", None))
+        if latest is None:
+            return False
+        result = await self.engine.update_weights_from_disk(str(latest), None)
+        log.info(
+            "caught up with published weights",
+            extra={"path": str(latest), "ok": result.ok, "version": result.version},
+        )
+        return bool(result.ok)
 
     async def _sync_metrics(self) -> None:
         while True:

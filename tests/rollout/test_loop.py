@@ -126,6 +126,48 @@ async def test_stamping_and_put_failure_after_retries(engine: TorchEngine) -> No
     assert buffer.released == ["res-0"] and loop.stats.rejected == {"put_failed": 1}
 
 
+class VersionedBuffer(ScriptedBuffer):
+    """Reports a buffer version far ahead of the engine, as after a missed weight push."""
+
+    def __init__(self, grants: int, version: int) -> None:
+        super().__init__(grants)
+        self.version = version
+
+    async def reserve(self, count: int, *, rollout_id: str = "") -> Any:
+        from services.buffer.client import Reservation
+
+        r = await super().reserve(count, rollout_id=rollout_id)
+        return Reservation(r.reservation_ids, self.version, r.capacity, r.retry_after_ms)
+
+
+@pytest.mark.parametrize(("buffer_version", "eta", "pulls"), [(5, 1, 1), (1, 1, 0), (9, 9, 0)])
+async def test_a_replica_more_than_eta_behind_pulls_published_weights(
+    engine: TorchEngine, buffer_version: int, eta: int, pulls: int
+) -> None:
+    # engine.version is 0: behind by 5 > eta 1 -> one pull (once per buffer version, not per
+    # group); behind by 1 <= 1 or 9 <= 9 -> none.
+    calls: list[int] = []
+
+    async def catch_up() -> bool:
+        calls.append(engine.version)
+        return True
+
+    buffer = VersionedBuffer(grants=3, version=buffer_version)
+    loop = RolloutLoop(
+        engine=engine,
+        workflow=ScriptedWorkflow(set()),
+        dataset=tiny_dataset(engine),
+        buffer=buffer,
+        rollout_id="rollout-0",
+        max_concurrent=1,
+        sleep=no_sleep,
+        max_head_offpolicyness=eta,
+        catch_up=catch_up,
+    )
+    await run_until(loop, lambda: loop.stats.groups_started == 3 and loop.groups_in_flight == 0)
+    assert len(calls) == pulls
+
+
 async def test_pause_stops_new_groups_until_resume(engine: TorchEngine) -> None:
     buffer = ScriptedBuffer(grants=100)
     loop = RolloutLoop(
