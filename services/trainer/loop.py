@@ -224,9 +224,29 @@ class TrainerLoop:
         )
 
     # -- one step ----------------------------------------------------------------------------
+    def _dynamic_filter(self, groups: list[TrajectoryGroup]) -> list[TrajectoryGroup]:
+        """DAPO dynamic sampling (`actor.dynamic_sampling` / `should_accept_fn`): groups whose
+        rewards carry no signal are dropped from this step's batch, so its size varies. They
+        are still acknowledged with the batch: consumed, not trained on. Every rank holds the
+        same groups, so every rank keeps the same ones."""
+        actor = self.cfg.actor
+        if not (actor.dynamic_sampling or actor.should_accept_fn):
+            return groups
+        from services.trainer.algorithms.config_adapters import should_accept_from_config
+
+        accept = should_accept_from_config(actor)
+        return [g for g in groups if accept([t.reward for t in g.trajectories])]
+
     def _train_step(self, groups: list[TrajectoryGroup], *, wait_batch: float) -> None:
         t0 = time.perf_counter()
         ids = [g.group_id for g in groups]
+        kept = self._dynamic_filter(groups)
+        if not kept:  # nothing to learn from: consume the batch and claim the next one
+            if self.ctx.is_main:
+                self._ack(ids)
+            log.info("every claimed group was filtered out", extra={"groups": len(ids)})
+            return
+        groups = kept
         if self.ctx.is_main:
             self.control.update(phase="training")
         result = self.trainer.train_batch(groups)
