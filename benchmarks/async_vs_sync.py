@@ -128,7 +128,9 @@ def main() -> None:
         )
     # In the synchronous run the trainer waits exactly while the rollout generates.
     t_gen, t_train = sync["t_wait"], sync["t_train"]
-    ideal = (t_gen + t_train) / max(t_gen, t_train, 1e-9)
+    if t_gen + t_train <= 0:
+        raise SystemExit("the synchronous run recorded no phase times (phase_seconds)")
+    ideal = (t_gen + t_train) / max(t_gen, t_train)
     speedup = sync["wall"] / max(asyn["wall"], 1e-9)
     print(
         json.dumps(
