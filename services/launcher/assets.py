@@ -7,7 +7,6 @@ written down in `<run_dir>/config.yaml` for every service to load.
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -48,18 +47,10 @@ def reset_if_finished(run_dir: Path) -> bool:
     return True
 
 
-def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w") as fh:
-        for row in rows:
-            fh.write(json.dumps(row) + "\n")
-    tmp.replace(path)
-
-
 def prepare_data(cfg: FlywheelConfig, run_dir: Path) -> None:
     """Generate the built-in arithmetic splits when the datasets name no file."""
     from services.rollout.data import arithmetic
+    from services.rollout.data.arithmetic import write_jsonl
 
     if cfg.train_dataset.path is None:
         path = run_dir / "data" / "train.jsonl"
@@ -98,10 +89,10 @@ def prepare_model(cfg: FlywheelConfig, run_dir: Path, log: Any = print) -> None:
     if ws.enabled and ws.steps > 0:
         sft = run_dir / "model" / "sft"
         if not (sft / "warm_start.json").exists():
-            from services.launcher.evaluation import read_jsonl
             from services.launcher.warmstart import warm_start
+            from services.rollout.data.datasets import read_rows
 
-            rows = read_jsonl(cfg.train_dataset.path)  # type: ignore[arg-type]
+            rows = read_rows(cfg.train_dataset.path)  # type: ignore[arg-type]
             log(f"warm start: {ws.steps} supervised steps on {len(rows)} prompts")
             stats = warm_start(
                 base, sft, rows, ws, prompt_key=cfg.train_dataset.prompt_key, log=log

@@ -7,10 +7,8 @@ what the policy being trained would score.
 
 from __future__ import annotations
 
-import json
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -26,17 +24,6 @@ class EvalResult:
     n: int
     version: int
     failures: int
-
-
-def read_jsonl(path: str | Path, limit: int | None = None) -> list[dict[str, Any]]:
-    rows = []
-    with open(path) as fh:
-        for line in fh:
-            if line.strip():
-                rows.append(json.loads(line))
-                if limit is not None and len(rows) >= limit:
-                    break
-    return rows
 
 
 def evaluate(

@@ -22,10 +22,11 @@ from typing import Any
 from services.common.config import FlywheelConfig
 from services.common.redis_server import RedisServer
 from services.launcher import assets
-from services.launcher.evaluation import EvalResult, evaluate, read_jsonl
+from services.launcher.evaluation import EvalResult, evaluate
 from services.launcher.metrics_log import MetricsTail
 from services.launcher.processes import ServiceFailed, ServiceProcess, wait_until_serving
 from services.launcher.report import check_invariants, scrape_metrics, write_learning_curve
+from services.rollout.data.datasets import read_rows
 
 
 def _say(msg: str) -> None:
@@ -162,7 +163,7 @@ class LocalRun:
         if self.cfg.valid_dataset is None or not self.cfg.valid_dataset.path:
             return None
         ec = self.cfg.launcher.eval
-        rows = read_jsonl(self.cfg.valid_dataset.path, limit=ec.n_prompts)
+        rows = read_rows(self.cfg.valid_dataset.path)[: ec.n_prompts]
         s = self.cfg.services
         result = evaluate(
             s.rollout.replica_address(0),

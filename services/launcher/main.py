@@ -26,8 +26,9 @@ def eval_main(argv: list[str]) -> int:
     """
     from services.common.redis_server import RedisServer  # noqa: F401  (documented dependency)
     from services.launcher import assets
-    from services.launcher.evaluation import evaluate, read_jsonl
+    from services.launcher.evaluation import evaluate
     from services.launcher.processes import ServiceProcess, wait_until_serving
+    from services.rollout.data.datasets import read_rows
 
     parser = argparse.ArgumentParser(prog="flywheel eval")
     parser.add_argument("--config", required=True)
@@ -67,7 +68,7 @@ def eval_main(argv: list[str]) -> int:
             procs.append(proc)
             wait_until_serving(proc, address, cfg.launcher.startup_timeout)
         data = args.data or cfg.valid_dataset.path
-        rows = read_jsonl(data, limit=args.n or cfg.launcher.eval.n_prompts)
+        rows = read_rows(data)[: args.n or cfg.launcher.eval.n_prompts]
         result = evaluate(
             cfg.services.rollout.address,
             cfg.services.reward.address,

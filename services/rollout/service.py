@@ -108,13 +108,7 @@ class RolloutService:
 
     async def start(self) -> int:
         await self.engine.start()
-        latest = newest_published_weights(getattr(self.cfg.trainer, "weight_dir", None))
-        if latest is not None:
-            result = await self.engine.update_weights_from_disk(str(latest), None)
-            log.info(
-                "loaded published weights at start",
-                extra={"path": str(latest), "ok": result.ok, "version": result.version},
-            )
+        await self.catch_up()  # a replica starting late serves the newest published weights
         if not self.eval_only:
             self.loop = self._build_loop()
         self.servicer = RolloutServicer(
