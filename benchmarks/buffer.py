@@ -4,7 +4,8 @@ One run starts a real `redis-server` (AOF everysec, as deployed) and the buffer 
 process (`python -m services.buffer`), then measures from this client process, in
 `--rounds` rounds that interleave the two sides so both meet the same machine load:
 
-- Put: `--groups` groups of `--samples` x `--tokens` tokens, `--concurrency` puts in flight;
+- Put: `--groups` groups of `--samples` x `--tokens` tokens, sent as PutMany calls of
+  `--put-batch` groups (the raw side's pipeline size), `--concurrency` calls in flight;
 - raw write: redis-py pipelines SETting the same serialized group bytes, `--batch` a pipeline;
 - Claim+Ack: batches of `--batch` groups claimed, then acknowledged, as a trainer does;
 - raw read: redis-py pipelines GETting and DELeting them, `--batch` a pipeline.
@@ -76,17 +77,20 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
-async def buffer_put(client: BufferClient, messages: list, concurrency: int) -> list[float]:
-    queue = list(messages)
+async def buffer_put(
+    client: BufferClient, messages: list, concurrency: int, batch: int
+) -> list[float]:
+    """`concurrency` calls in flight, each a PutMany of `batch` groups (a Put when 1)."""
+    queue = [messages[i : i + batch] for i in range(0, len(messages), batch)]
     latencies: list[float] = []
 
     async def putter() -> None:
         while queue:
-            msg = queue.pop()
+            msgs = queue.pop()
             t0 = time.perf_counter()
-            r = await client.put(msg)
+            rs = [await client.put(msgs[0])] if len(msgs) == 1 else await client.put_many(msgs)
             latencies.append(time.perf_counter() - t0)
-            assert r.result == "admitted", r
+            assert all(r.result == "admitted" for r in rs), rs
 
     await asyncio.gather(*(putter() for _ in range(concurrency)))
     return latencies
@@ -136,14 +140,14 @@ async def run_rounds(address: str, redis_url: str, pids: list[int], base: list, 
     raw = redis.Redis.from_url(redis_url)
     n = args.groups
     async with BufferClient(address, timeout=60) as client:
-        await buffer_put(client, [_renamed(base[0], "warm")], 1)  # channel and scripts warm
+        await buffer_put(client, [_renamed(base[0], "warm")], 1, 1)  # channel and scripts warm
         await buffer_claim_ack(client, 1, 1)
         for rnd in range(args.rounds):
             msgs = [_renamed(base[i % len(base)], f"r{rnd}-{i}") for i in range(n)]
             payloads = [m.SerializeToString() for m in msgs]
             keys = [f"raw:{rnd}:{i}" for i in range(n)]
             phases = {
-                "put": partial(buffer_put, client, msgs, args.concurrency),
+                "put": partial(buffer_put, client, msgs, args.concurrency, args.put_batch),
                 "write": partial(asyncio.to_thread, raw_write, raw, keys, payloads, args.batch),
                 "claim": partial(buffer_claim_ack, client, n, args.batch),
                 "read": partial(asyncio.to_thread, raw_read, raw, keys, args.batch),
@@ -175,7 +179,10 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=8, help="groups per claim / per pipeline")
-    parser.add_argument("--concurrency", type=int, default=8, help="puts in flight")
+    parser.add_argument("--concurrency", type=int, default=2, help="put calls in flight")
+    parser.add_argument(
+        "--put-batch", type=int, default=8, help="groups per PutMany call (1: plain Put)"
+    )
     args = parser.parse_args()
 
     rng = np.random.default_rng(0)
@@ -224,6 +231,7 @@ def main() -> None:
         "group_shape": f"{args.samples}x{args.tokens}",
         "group_bytes": int(statistics.mean(m.ByteSize() for m in base)),
         "concurrency": args.concurrency,
+        "put_batch": args.put_batch,
         "batch": args.batch,
         "put_groups_per_s": round(put, 1),
         "put_p50_ms": round(pct(res["put_lat"], 50), 2),

@@ -23,7 +23,10 @@ def test_check_mode_notices_a_stale_stub(tmp_path):
     try:
         stub.write_bytes(original + b"# edited by hand\n")
         proc = subprocess.run(
-            [sys.executable, "tools/gen_proto.py", "--check"], cwd=ROOT, capture_output=True, text=True
+            [sys.executable, "tools/gen_proto.py", "--check"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
         )
     finally:
         stub.write_bytes(original)

@@ -17,12 +17,14 @@ class AdmissionResult(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ADMISSION_RESULT_STALE: _ClassVar[AdmissionResult]
     ADMISSION_RESULT_FILTERED: _ClassVar[AdmissionResult]
     ADMISSION_RESULT_INVALID: _ClassVar[AdmissionResult]
+    ADMISSION_RESULT_FULL: _ClassVar[AdmissionResult]
 ADMISSION_RESULT_UNSPECIFIED: AdmissionResult
 ADMISSION_RESULT_ADMITTED: AdmissionResult
 ADMISSION_RESULT_DUPLICATE: AdmissionResult
 ADMISSION_RESULT_STALE: AdmissionResult
 ADMISSION_RESULT_FILTERED: AdmissionResult
 ADMISSION_RESULT_INVALID: AdmissionResult
+ADMISSION_RESULT_FULL: AdmissionResult
 
 class PutRequest(_message.Message):
     __slots__ = ("request_id", "group")
@@ -33,14 +35,28 @@ class PutRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., group: _Optional[_Union[_common_pb2.TrajectoryGroup, _Mapping]] = ...) -> None: ...
 
 class PutResponse(_message.Message):
-    __slots__ = ("result", "reason", "version")
+    __slots__ = ("result", "reason", "version", "retry_after_ms")
     RESULT_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
     result: AdmissionResult
     reason: str
     version: int
-    def __init__(self, result: _Optional[_Union[AdmissionResult, str]] = ..., reason: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+    retry_after_ms: int
+    def __init__(self, result: _Optional[_Union[AdmissionResult, str]] = ..., reason: _Optional[str] = ..., version: _Optional[int] = ..., retry_after_ms: _Optional[int] = ...) -> None: ...
+
+class PutManyRequest(_message.Message):
+    __slots__ = ("puts",)
+    PUTS_FIELD_NUMBER: _ClassVar[int]
+    puts: _containers.RepeatedCompositeFieldContainer[PutRequest]
+    def __init__(self, puts: _Optional[_Iterable[_Union[PutRequest, _Mapping]]] = ...) -> None: ...
+
+class PutManyResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[PutResponse]
+    def __init__(self, results: _Optional[_Iterable[_Union[PutResponse, _Mapping]]] = ...) -> None: ...
 
 class ReserveCapacityRequest(_message.Message):
     __slots__ = ("request_id", "rollout_id", "count")

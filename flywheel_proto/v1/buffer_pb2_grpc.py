@@ -41,6 +41,11 @@ class BufferServiceStub:
                 request_serializer=flywheel_dot_v1_dot_buffer__pb2.PutRequest.SerializeToString,
                 response_deserializer=flywheel_dot_v1_dot_buffer__pb2.PutResponse.FromString,
                 _registered_method=True)
+        self.PutMany = channel.unary_unary(
+                '/flywheel.v1.BufferService/PutMany',
+                request_serializer=flywheel_dot_v1_dot_buffer__pb2.PutManyRequest.SerializeToString,
+                response_deserializer=flywheel_dot_v1_dot_buffer__pb2.PutManyResponse.FromString,
+                _registered_method=True)
         self.ReserveCapacity = channel.unary_unary(
                 '/flywheel.v1.BufferService/ReserveCapacity',
                 request_serializer=flywheel_dot_v1_dot_buffer__pb2.ReserveCapacityRequest.SerializeToString,
@@ -103,6 +108,14 @@ class BufferServiceServicer:
 
     def Put(self, request, context):
         """Store one group. Retrying with the same group_id stores nothing twice.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PutMany(self, request, context):
+        """Store several groups in one call (one Redis round trip): each is admitted exactly as a
+        Put of its own would be and answered in order; a full buffer answers FULL per group.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -191,6 +204,11 @@ def add_BufferServiceServicer_to_server(servicer, server):
                     request_deserializer=flywheel_dot_v1_dot_buffer__pb2.PutRequest.FromString,
                     response_serializer=flywheel_dot_v1_dot_buffer__pb2.PutResponse.SerializeToString,
             ),
+            'PutMany': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutMany,
+                    request_deserializer=flywheel_dot_v1_dot_buffer__pb2.PutManyRequest.FromString,
+                    response_serializer=flywheel_dot_v1_dot_buffer__pb2.PutManyResponse.SerializeToString,
+            ),
             'ReserveCapacity': grpc.unary_unary_rpc_method_handler(
                     servicer.ReserveCapacity,
                     request_deserializer=flywheel_dot_v1_dot_buffer__pb2.ReserveCapacityRequest.FromString,
@@ -274,6 +292,33 @@ class BufferService:
             '/flywheel.v1.BufferService/Put',
             flywheel_dot_v1_dot_buffer__pb2.PutRequest.SerializeToString,
             flywheel_dot_v1_dot_buffer__pb2.PutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutMany(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/flywheel.v1.BufferService/PutMany',
+            flywheel_dot_v1_dot_buffer__pb2.PutManyRequest.SerializeToString,
+            flywheel_dot_v1_dot_buffer__pb2.PutManyResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -32,6 +32,7 @@ _RESULT_NAMES = {
     buffer_pb2.ADMISSION_RESULT_STALE: "stale",
     buffer_pb2.ADMISSION_RESULT_FILTERED: "filtered",
     buffer_pb2.ADMISSION_RESULT_INVALID: "invalid",
+    buffer_pb2.ADMISSION_RESULT_FULL: "full",
 }
 _TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
@@ -218,6 +219,49 @@ class BufferClient:
                 raise InvalidGroupError(err.details()) from err
             raise
         return PutResult(_RESULT_NAMES.get(resp.result, "unspecified"), resp.reason, resp.version)
+
+    async def put_many(
+        self,
+        groups: Sequence[TrajectoryGroup | common_pb2.TrajectoryGroup],
+        *,
+        request_id: str | None = None,
+    ) -> list[PutResult]:
+        """Store several groups in one call; one result per group, in order. Unlike `put`,
+        a malformed group does not raise: its result is `invalid` (counted, nothing stored)
+        and the others are stored. Groups refused because the buffer is full are sent again
+        after the buffer's retry-after hint until `backpressure_wait_s`, then BufferFullError."""
+        rid = self._rid(request_id)
+        puts = [
+            buffer_pb2.PutRequest(
+                request_id=f"{rid}-{i}",
+                group=g if isinstance(g, common_pb2.TrajectoryGroup) else group_to_proto(g),
+            )
+            for i, g in enumerate(groups)
+        ]
+        results: list[PutResult | None] = [None] * len(puts)
+        todo = list(range(len(puts)))
+        deadline = time.monotonic() + self.backpressure_wait_s
+        while todo:
+            req = buffer_pb2.PutManyRequest(puts=[puts[i] for i in todo])
+            resp = await self._call(self.stub.PutMany, req)
+            full: list[int] = []
+            wait_ms = 0
+            for i, r in zip(todo, resp.results, strict=True):
+                if r.result == buffer_pb2.ADMISSION_RESULT_FULL:
+                    full.append(i)
+                    wait_ms = max(wait_ms, r.retry_after_ms)
+                else:
+                    name = _RESULT_NAMES.get(r.result, "unspecified")
+                    results[i] = PutResult(name, r.reason, r.version)
+            if full and time.monotonic() + wait_ms / 1000.0 > deadline:
+                raise BufferFullError(
+                    f"buffer at {self.address} still full after {self.backpressure_wait_s}s: "
+                    f"{len(full)} of {len(puts)} groups not stored"
+                )
+            if full:
+                await asyncio.sleep(wait_ms / 1000.0)
+            todo = full
+        return [r for r in results if r is not None]
 
     async def reserve(
         self, count: int, *, rollout_id: str = "", request_id: str | None = None

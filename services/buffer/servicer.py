@@ -27,7 +27,7 @@ from flywheel_proto.v1 import buffer_pb2, buffer_pb2_grpc, common_pb2
 from services.buffer.export import export_jsonl
 from services.buffer.filters import GroupFilter
 from services.buffer.metrics import BufferMetrics
-from services.buffer.store import ClaimedGroup, RedisStore, StatsSnapshot
+from services.buffer.store import ClaimedGroup, PutItem, PutOutcome, RedisStore, StatsSnapshot
 from services.buffer.validate import fast_versions
 from services.common.codec import CodecError, CodecLimits, group_from_proto
 
@@ -42,6 +42,7 @@ _RESULTS = {
     "filtered": buffer_pb2.ADMISSION_RESULT_FILTERED,
 }
 MAX_IDS_PER_CALL = 100_000
+MAX_PUTS_PER_CALL = 1024
 MAX_WAIT_MS = 600_000
 
 
@@ -103,6 +104,13 @@ def _rpc(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
         raise AssertionError("unreachable")  # abort() raises
 
     return wrapper
+
+
+def _full_reason(outcome: PutOutcome) -> str:
+    return (
+        f"buffer full: {outcome.stored_groups} groups / {outcome.stored_bytes} bytes "
+        "stored (limits buffer.max_stored_groups, buffer.max_stored_bytes); retry later"
+    )
 
 
 def _require(ok: bool, field: str, why: str) -> None:
@@ -182,6 +190,53 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
     @_rpc
     async def Put(self, request: buffer_pb2.PutRequest, context: Any) -> buffer_pb2.PutResponse:
         self._refuse_in_replay("Put")
+        item = await self._admissible(request)
+        outcome = (await self._store_puts([item]))[0]
+        if outcome.result == "full":
+            raise RpcFailure(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                _full_reason(outcome),
+                retry_after_ms=self.settings.retry_after_ms,
+            )
+        return self._put_response(request.group.group_id, item.oldest_version, outcome)
+
+    @_rpc
+    async def PutMany(
+        self, request: buffer_pb2.PutManyRequest, context: Any
+    ) -> buffer_pb2.PutManyResponse:
+        self._refuse_in_replay("PutMany")
+        n = len(request.puts)
+        _require(0 < n <= MAX_PUTS_PER_CALL, "puts", f"must hold 1 to {MAX_PUTS_PER_CALL}")
+        ids = [p.group.group_id for p in request.puts]
+        _require(len(set(ids)) == n, "puts", "group ids must be distinct within one call")
+        results: list[buffer_pb2.PutResponse | None] = [None] * n
+        items: list[PutItem] = []
+        where: list[int] = []
+        for i, put in enumerate(request.puts):
+            try:
+                items.append(await self._admissible(put))
+                where.append(i)
+            except RpcFailure as err:
+                if err.code == grpc.StatusCode.INTERNAL:  # a filter broke: store nothing
+                    raise
+                # Counted as invalid by _admissible; the others still go in.
+                results[i] = buffer_pb2.PutResponse(
+                    result=buffer_pb2.ADMISSION_RESULT_INVALID, reason=err.details
+                )
+        for i, item, outcome in zip(where, items, await self._store_puts(items), strict=True):
+            if outcome.result == "full":
+                results[i] = buffer_pb2.PutResponse(
+                    result=buffer_pb2.ADMISSION_RESULT_FULL,
+                    reason=_full_reason(outcome),
+                    version=outcome.version,
+                    retry_after_ms=self.settings.retry_after_ms,
+                )
+            else:
+                results[i] = self._put_response(item.group_id, item.oldest_version, outcome)
+        return buffer_pb2.PutManyResponse(results=results)
+
+    async def _admissible(self, request: buffer_pb2.PutRequest) -> PutItem:
+        """The group as the store takes it, or RpcFailure (counted as invalid) saying why not."""
         msg = request.group
         size = msg.ByteSize()
         if size > self.settings.max_group_bytes:
@@ -207,30 +262,32 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         except CodecError as err:
             await self._count_invalid(request)
             raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, f"group: {err.reason}") from None
-        filtered = filtering and group is not None and not self._accepts(group)
-        outcome = await self.store.put(
+        return PutItem(
             group_id=msg.group_id,
             oldest_version=oldest,
             newest_version=newest,
             n_trajectories=len(msg.trajectories),
             payload=msg.SerializeToString(),
             reservation_id=msg.reservation_id,
-            filtered=filtered,
+            filtered=filtering and group is not None and not self._accepts(group),
         )
-        self.metrics.put_results.labels(outcome.result).inc()
-        if outcome.result == "full":
-            self.metrics.backpressure.inc()
-            raise RpcFailure(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"buffer full: {outcome.stored_groups} groups / {outcome.stored_bytes} bytes "
-                f"stored (limits buffer.max_stored_groups, buffer.max_stored_bytes); retry later",
-                retry_after_ms=self.settings.retry_after_ms,
-            )
-        if outcome.result == "admitted":
+
+    async def _store_puts(self, items: list[PutItem]) -> list[PutOutcome]:
+        outcomes = await self.store.put_many(items)
+        for outcome in outcomes:
+            self.metrics.put_results.labels(outcome.result).inc()
+            if outcome.result == "full":
+                self.metrics.backpressure.inc()
+        if any(o.result == "admitted" for o in outcomes):
             await self._notify_arrival()
+        return outcomes
+
+    def _put_response(
+        self, group_id: str, oldest: int, outcome: PutOutcome
+    ) -> buffer_pb2.PutResponse:
         reason = {
             "admitted": "",
-            "duplicate": f"group {msg.group_id!r} already put (state {outcome.previous_state}"
+            "duplicate": f"group {group_id!r} already put (state {outcome.previous_state}"
             + (f", {outcome.previous_reason}" if outcome.previous_reason else "")
             + "): nothing stored again",
             "stale": f"oldest token version {oldest} < version {outcome.version} - "

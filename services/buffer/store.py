@@ -76,6 +76,28 @@ class PutOutcome:
 
 
 @dataclass(frozen=True)
+class PutItem:
+    """One group to admit: its id, generated-version range, size and serialized bytes."""
+
+    group_id: str
+    oldest_version: int
+    newest_version: int
+    n_trajectories: int
+    payload: bytes
+    reservation_id: str = ""
+    filtered: bool = False
+
+
+def _put_outcome(r: Any) -> PutOutcome:
+    code, version = _s(r[0]), int(r[1])
+    if code == "duplicate":
+        return PutOutcome(code, version, _s(r[2]), _s(r[3]))
+    if code == "full":
+        return PutOutcome(code, version, stored_groups=int(r[2]), stored_bytes=int(r[3]))
+    return PutOutcome(code, version)
+
+
+@dataclass(frozen=True)
 class ClaimedGroup:
     group_id: str
     oldest_version: int
@@ -207,27 +229,47 @@ class RedisStore:
         reservation_id: str = "",
         filtered: bool = False,
     ) -> PutOutcome:
-        s = self.settings
-        r = await self._run(
-            "put",
+        item = PutItem(
             group_id,
             oldest_version,
             newest_version,
             n_trajectories,
             payload,
             reservation_id,
+            filtered,
+        )
+        return (await self.put_many([item]))[0]
+
+    async def put_many(self, items: Sequence[PutItem]) -> list[PutOutcome]:
+        """Admit each item as its own atomic script, all in one pipelined round trip: the
+        per-group rules are unchanged, only the network and event-loop cost is shared."""
+        if not items:
+            return []
+        script = self._scripts["put"]
+        if len(items) == 1:
+            replies = [await script(keys=[], args=[self.prefix, *self._put_args(items[0])])]
+        else:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for item in items:
+                    await script(keys=[], args=[self.prefix, *self._put_args(item)], client=pipe)
+                replies = await pipe.execute()
+        return [_put_outcome(r) for r in replies]
+
+    def _put_args(self, item: PutItem) -> tuple[Any, ...]:
+        s = self.settings
+        return (
+            item.group_id,
+            item.oldest_version,
+            item.newest_version,
+            item.n_trajectories,
+            item.payload,
+            item.reservation_id,
             s.eta,
-            "1" if filtered else "0",
+            "1" if item.filtered else "0",
             s.max_stored_groups,
             s.max_stored_bytes,
             s.tombstone_ttl_s,
         )
-        code, version = _s(r[0]), int(r[1])
-        if code == "duplicate":
-            return PutOutcome(code, version, _s(r[2]), _s(r[3]))
-        if code == "full":
-            return PutOutcome(code, version, stored_groups=int(r[2]), stored_bytes=int(r[3]))
-        return PutOutcome(code, version)
 
     async def put_invalid(
         self, *, group_id: str = "", request_id: str = "", reservation_id: str = ""

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from services.common.proc import die_with_parent
+from services.common.proc import orphan_proof
 
 
 class RedisNotFound(RuntimeError):
@@ -67,6 +67,7 @@ class RedisServer:
         host: str = "127.0.0.1",
     ) -> None:
         self.host = host
+        self._auto_port = port is None
         self.port = port or free_port(host)
         self.password = password
         self._own_dir = dir is None
@@ -108,14 +109,32 @@ class RedisServer:
         return args
 
     def start(self, timeout: float = 10.0) -> RedisServer:
-        self.proc = subprocess.Popen(
-            self._args(),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            preexec_fn=die_with_parent,
-        )
-        self._wait_ready(timeout)
-        return self
+        """Start and wait for PONG. A port picked here can be taken by another process
+        between picking and binding; then a fresh one is picked, up to three times."""
+        for attempt in range(3):
+            with open(self.dir / "redis.stderr", "wb") as err:
+                self.proc = subprocess.Popen(
+                    orphan_proof(self._args()),
+                    stdout=subprocess.DEVNULL,
+                    stderr=err,
+                )
+            try:
+                self._wait_ready(timeout)
+                return self
+            except RuntimeError as exc:
+                if not (self._auto_port and "in use" in str(exc) and attempt < 2):
+                    raise
+                self.port = free_port(self.host)
+        raise AssertionError("unreachable")
+
+    def _exit_reason(self) -> str:
+        """The end of redis-server's log (or of its stderr, when it died before logging)."""
+        texts = []
+        for name in ("redis.log", "redis.stderr"):
+            path = self.dir / name
+            if path.is_file():
+                texts.append(path.read_text(errors="replace")[-2000:])
+        return "\n".join(t for t in texts if t.strip()) or "(no output)"
 
     def _wait_ready(self, timeout: float) -> None:
         import redis
@@ -124,8 +143,9 @@ class RedisServer:
         client = redis.Redis(host=self.host, port=self.port, password=self.password)
         while True:
             if self.proc is not None and self.proc.poll() is not None:
-                log = (self.dir / "redis.log").read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"redis-server exited with {self.proc.returncode}: {log}")
+                raise RuntimeError(
+                    f"redis-server exited with {self.proc.returncode}: {self._exit_reason()}"
+                )
             try:
                 if client.ping():
                     client.close()

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
-from services.common.proc import die_with_parent
+from services.common.proc import orphan_proof
 
 
 class ServiceProcess:
@@ -50,13 +50,12 @@ class ServiceProcess:
     def start(self) -> ServiceProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
-            self.args,
+            orphan_proof(self.args),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env=self.env,
             start_new_session=True,  # Ctrl-C reaches the launcher, which stops us in order
-            preexec_fn=die_with_parent,
         )
         self._pump = threading.Thread(target=self._pump_logs, name=f"log-{self.name}", daemon=True)
         self._pump.start()

@@ -48,9 +48,7 @@ def trajectories(draw):
     versions = [-1] * prompt_len + [
         draw(st.integers(0, 1000)) if m else draw(st.integers(-1, 1000)) for m in gen_mask
     ]
-    logprobs = [
-        draw(st.floats(-50.0, 0.0, allow_nan=False, width=32)) if m else 0.0 for m in mask
-    ]
+    logprobs = [draw(st.floats(-50.0, 0.0, allow_nan=False, width=32)) if m else 0.0 for m in mask]
     turns = draw(st.booleans())
     return Trajectory(
         trajectory_id=draw(st.text(min_size=1, max_size=12)),
@@ -81,7 +79,11 @@ def test_trajectory_round_trip(t: Trajectory):
     if t.turn_ids is not None:
         np.testing.assert_array_equal(back.turn_ids, t.turn_ids)
     assert (back.reward, back.no_eos, back.prompt_len, back.stop_reason, back.metadata) == (
-        t.reward, t.no_eos, t.prompt_len, t.stop_reason, t.metadata,
+        t.reward,
+        t.no_eos,
+        t.prompt_len,
+        t.stop_reason,
+        t.metadata,
     )
 
 

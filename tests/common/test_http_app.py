@@ -11,7 +11,9 @@ from services.common.metrics import metric_name, new_registry
 
 def test_metrics_health_and_readiness_over_http():
     registry = new_registry()
-    counter = Counter(metric_name("demo", "events", "total").removesuffix("_total"), "Events.", registry=registry)
+    counter = Counter(
+        metric_name("demo", "events", "total").removesuffix("_total"), "Events.", registry=registry
+    )
     counter.inc(3)
     ready = {"value": False}
     server = MetricsServer("demo", registry, lambda: ready["value"])
