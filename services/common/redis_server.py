@@ -117,6 +117,9 @@ class RedisServer:
                     orphan_proof(self._args()),
                     stdout=subprocess.DEVNULL,
                     stderr=err,
+                    # Its own session: a Ctrl-C meant for the launcher must not stop Redis
+                    # while the services are still draining into it; the owner stops it last.
+                    start_new_session=True,
                 )
             try:
                 self._wait_ready(timeout)

@@ -67,13 +67,16 @@ def sample_names(registry: CollectorRegistry) -> set[str]:
 
 
 def family_series_names(name: str, kind: str) -> set[str]:
-    """Series a family produces even before any sample is observed (labelled metrics)."""
+    """Series a family produces once it has samples, known before any is observed
+    (labelled metrics have no children on a fresh registry). prometheus_client also serves
+    `<name>_created` (the child's creation time) for counters, histograms and summaries,
+    and Prometheus stores it as a series of its own."""
     if kind == "counter":
-        return {name + "_total"}
+        return {name + "_total", name + "_created"}
     if kind == "histogram":
-        return {name + "_bucket", name + "_sum", name + "_count"}
+        return {name + "_bucket", name + "_sum", name + "_count", name + "_created"}
     if kind == "summary":
-        return {name, name + "_sum", name + "_count"}
+        return {name, name + "_sum", name + "_count", name + "_created"}
     return {name}
 
 
