@@ -90,23 +90,21 @@ def run_once(path: Path, root: Path, eta: int) -> dict[str, Any]:
         raise SystemExit(f"run eta={eta} failed:\n{proc.stderr[-3000:]}")
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
     summary = json.loads((run_dir / "summary.json").read_text())
-    first = records[0]
-    start = (
-        first["wall_time"]
-        - first.get("wait_seconds", 0)
-        - first.get("train_seconds", 0)
-        - first.get("broadcast_seconds", 0)
-    )
+    if not records or "phase_seconds" not in records[0]:
+        raise SystemExit(f"run eta={eta}: the trainer's records carry no phase_seconds")
+    phases = [r["phase_seconds"] for r in records]
+    # The window from the start of the first step's wait to the end of the last step.
+    start = records[0]["wall_time"] - records[0]["step_seconds"] - phases[0].get("wait_batch", 0)
     return {
         "wall": records[-1]["wall_time"] - start,
-        "t_wait": sum(r.get("wait_seconds", 0.0) for r in records),
-        "t_train": sum(
-            r.get("train_seconds", 0.0) + r.get("broadcast_seconds", 0.0) for r in records
-        ),
-        "final_reward": sum(r.get("task_reward", 0.0) for r in records[-3:]) / min(3, len(records)),
+        "t_wait": sum(p.get("wait_batch", 0.0) for p in phases),
+        "t_train": sum(r["step_seconds"] for r in records),  # everything but the wait
+        "final_reward": sum(r.get("task_reward") or 0.0 for r in records[-3:])
+        / min(3, len(records)),
         "max_staleness": summary["max_staleness_seen"],
         "samples": sum(r.get("samples", 0) for r in records),
         "invariants_ok": summary["invariants_ok"],
+        "steps": len(records),
     }
 
 
