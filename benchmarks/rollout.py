@@ -172,12 +172,16 @@ def run_sender(model_dir: str, port: int) -> None:
 
 
 async def main(args: argparse.Namespace) -> dict:
+    with tempfile.TemporaryDirectory(prefix="flywheel-bench-") as tmp:
+        return await measure(args, Path(tmp))
+
+
+async def measure(args: argparse.Namespace, work: Path) -> dict:
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
     from services.rollout.engine.torch_engine import TorchEngine
 
     torch.set_num_threads(args.threads)
-    work = Path(tempfile.mkdtemp(prefix="flywheel-bench-"))
     model_dir = write_tiny_model(
         work / "a", hidden_size=args.hidden, num_layers=args.layers, num_heads=4
     )
