@@ -173,6 +173,24 @@ class PPOTrainer:
             return needs_recompute(a.prox_logp_method)
         return bool(a.recompute_logprob)
 
+    @property
+    def reuses_first_minibatch_logp(self) -> bool:
+        """Whether minibatch 0 takes π_prox from its own training forward (see
+        `trainer.reuse_first_minibatch_logp`): only where that is the same number."""
+        if not (self.needs_prox_forward and self.cfg.trainer.reuse_first_minibatch_logp):
+            return False
+        if self.ref is not None:
+            return False
+        hf = self.actor.hf_config
+        dropouts = [
+            float(getattr(hf, name, 0.0) or 0.0)
+            for name in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop")
+        ]
+        modules = self.actor.module.modules()
+        return not any(dropouts) and not any(
+            isinstance(m, torch.nn.Dropout) and m.p > 0 for m in modules
+        )
+
     # -- forward-only passes -----------------------------------------------------------------
     def _gather_rows(self, full: torch.Tensor) -> torch.Tensor:
         """Every rank filled its own rows (zeros elsewhere): summing gives the full tensor."""
@@ -229,10 +247,12 @@ class PPOTrainer:
 
         prox_full: torch.Tensor | None = None
         prox_forwards_before = self.forward_counts["prox"]
-        if self.needs_prox_forward:
+        reuse_first = self.reuses_first_minibatch_logp
+        prox_plan = plan[1:] if reuse_first else plan
+        if self.needs_prox_forward and prox_plan:
             t = time.perf_counter()
             self.actor.module.eval()
-            prox_full, _ = self._forward_pass(self.actor, batch, plan, "prox")
+            prox_full, _ = self._forward_pass(self.actor, batch, prox_plan, "prox")
             self.actor.module.train()
             phases["prox"] = time.perf_counter() - t
         ref_full = None
@@ -276,7 +296,9 @@ class PPOTrainer:
         train_mask = adv.loss_mask.bool()
 
         t = time.perf_counter()
-        actor_out = self._train_actor(batch, plan, adv.advantages, train_mask, prox_full, v)
+        actor_out = self._train_actor(
+            batch, plan, adv.advantages, train_mask, prox_full, v, reuse_first=reuse_first
+        )
         phases["train"] = time.perf_counter() - t
         critic_loss_value = None
         if self.critic is not None:
@@ -331,6 +353,8 @@ class PPOTrainer:
         train_mask: torch.Tensor,
         prox_full: torch.Tensor | None,
         v: int,
+        *,
+        reuse_first: bool = False,
     ) -> dict[str, Any]:
         a = self.actor_cfg
         engine = self.actor
@@ -361,7 +385,10 @@ class PPOTrainer:
                 mask = train_mask[rows, :width].to(dev)
                 behave = mb.behave_logp.to(dev)
                 versions = mb.versions.to(dev)
-                recomputed = None if prox_full is None else prox_full[rows, :width].to(dev)
+                if m == 0 and reuse_first:  # no step taken yet: π_prox is this π_θ
+                    recomputed: torch.Tensor | None = logp.detach()
+                else:
+                    recomputed = None if prox_full is None else prox_full[rows, :width].to(dev)
                 extra: dict[str, torch.Tensor] = {}
                 if a.use_decoupled_loss:
                     prox_res = prox_from_config(

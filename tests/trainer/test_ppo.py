@@ -23,9 +23,10 @@ def _trainer(tiny_model_dir: Path, tmp_path: Path, *overrides: str) -> PPOTraine
     return PPOTrainer(trainer_config(tiny_model_dir, tmp_path, *overrides))
 
 
+@pytest.mark.parametrize("reuse", [True, False])
 @pytest.mark.parametrize("decoupled", [True, False])
 def test_one_minibatch_with_recompute_gives_importance_weight_exactly_one(
-    tiny_model_dir: Path, tmp_path: Path, groups, decoupled: bool
+    tiny_model_dir: Path, tmp_path: Path, groups, decoupled: bool, reuse: bool
 ) -> None:
     t = _trainer(
         tiny_model_dir,
@@ -35,6 +36,7 @@ def test_one_minibatch_with_recompute_gives_importance_weight_exactly_one(
         f"actor.use_decoupled_loss={str(decoupled).lower()}",
         "actor.prox_logp_method=recompute",
         "actor.mb_spec.n_mbs=2",
+        f"trainer.reuse_first_minibatch_logp={str(reuse).lower()}",
     )
     for _ in range(2):  # the second step trains on data one version stale
         r = t.train_batch(groups)
@@ -43,7 +45,8 @@ def test_one_minibatch_with_recompute_gives_importance_weight_exactly_one(
         assert r.stats["importance_weight"] == 1.0
         assert r.stats["approx_kl"] == 0.0
         assert r.stats["clip_ratio"] == 0.0
-        assert r.prox_forwards == 2  # one per micro-batch (n_mbs=2)
+        # one per micro-batch (n_mbs=2), or none: the training forward is the recomputation
+        assert r.prox_forwards == (0 if reuse else 2)
     if decoupled:
         # One version stale: π_prox (W_1) differs from π_behave (W_0).
         assert r.stats["behave_imp_weight"] != 1.0
@@ -75,11 +78,56 @@ def test_loglinear_runs_no_proximal_forward(tiny_model_dir: Path, tmp_path: Path
         "actor.prox_logp_method=recompute",
         "actor.ppo_n_minibatches=2",
     )
-    assert t2.train_batch(groups).prox_forwards == 2  # one micro-batch per minibatch
+    # one micro-batch per minibatch; the first minibatch reuses its training forward
+    assert t2.train_batch(groups).prox_forwards == 1
 
 
 def _weights(t: PPOTrainer) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in t.actor.full_state_dict().items()}
+
+
+@pytest.mark.parametrize("n_minibatches", [1, 2])
+def test_reusing_the_first_minibatch_logp_changes_nothing_but_the_forward_count(
+    tiny_model_dir: Path, tmp_path: Path, groups, n_minibatches: int
+) -> None:
+    # Before the first optimizer step of a batch π_prox is π_θ: taking it from the training
+    # forward instead of a separate pass must leave every number of two steps (the second
+    # one a version stale, so behave != prox) as it was, within float summation noise.
+    common = (
+        f"actor.ppo_n_minibatches={n_minibatches}",
+        "actor.use_decoupled_loss=true",
+        "actor.recompute_logprob=true",
+        "actor.prox_logp_method=recompute",
+        "actor.mb_spec.n_mbs=2",
+    )
+    a = _trainer(tiny_model_dir, tmp_path, *common, "trainer.reuse_first_minibatch_logp=false")
+    b = _trainer(tiny_model_dir, tmp_path, *common, "trainer.reuse_first_minibatch_logp=true")
+    assert b.reuses_first_minibatch_logp and not a.reuses_first_minibatch_logp
+    for _ in range(2):
+        ra, rb = a.train_batch(groups), b.train_batch(groups)
+        assert ra.prox_forwards == 2 * n_minibatches
+        assert rb.prox_forwards == 2 * (n_minibatches - 1)
+        torch.testing.assert_close(ra.loss, rb.loss, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(ra.grad_norm, rb.grad_norm, rtol=1e-4, atol=1e-6)
+        for key in ("importance_weight", "behave_imp_weight", "clip_ratio", "approx_kl"):
+            torch.testing.assert_close(ra.stats[key], rb.stats[key], rtol=1e-5, atol=1e-6)
+    wa, wb = _weights(a), _weights(b)
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=1e-5)
+
+
+def test_a_reference_model_keeps_the_full_proximal_pass(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    t = _trainer(
+        tiny_model_dir,
+        tmp_path,
+        "actor.use_decoupled_loss=true",
+        "actor.recompute_logprob=true",
+        "actor.kl_ctl=0.1",
+        f"ref.path={tiny_model_dir}",
+    )
+    assert not t.reuses_first_minibatch_logp  # the KL shaping needs π_old of every row
 
 
 def test_micro_batching_does_not_change_the_update(

@@ -64,6 +64,14 @@ class TrainerConfig(FlywheelModel):
     this many steps x `actor.ppo_n_minibatches` optimizer steps); null means
     `total_train_steps`. Set it to decay over a horizon longer than this run."""
 
+    reuse_first_minibatch_logp: bool = True
+    """Skip the proximal forward pass for the first minibatch: before the first optimizer step
+    of a batch π_prox is π_θ, so the training forward's own log-probabilities (detached) are
+    the recomputation. With `ppo_n_minibatches=1` this removes the whole extra pass; with n
+    minibatches, 1/n of it. Applies only without a reference model (its KL shaping needs
+    π_old for every row up front) and without dropout (train- and eval-mode forwards must
+    agree). Set false to always run the separate pass."""
+
     consumer_id: str | None = None
     """Name the trainer claims under in the buffer; null means
     `trainer-<experiment_name>-<trial_name>`. A restarted trainer must keep it, so that
