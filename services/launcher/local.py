@@ -207,7 +207,9 @@ class LocalRun:
             code = self.watch(trainer)
             if code != 0:
                 return code
-            self.evaluate(self.last_step)
+            final_version = self.tail.last.get("version")
+            if not self.evals or self.evals[-1]["version"] != final_version:
+                self.evaluate(self.last_step)  # unless the last periodic eval saw these weights
             self._scrape()
             summary = self.finish()
             return 0 if summary["invariants_ok"] else 1
