@@ -120,6 +120,24 @@ class NativeDecoderRunner:
         """
         self._qkv: list[tuple[torch.Tensor, torch.Tensor | None]] = []
         self._gate_up: list[torch.Tensor] = []
+        # Plain references per layer: a decode step of a tiny model is short enough that
+        # nn.Module attribute lookups (a few thousand per step) show up in its profile.
+        self._o = [(x.self_attn.o_proj.weight, x.self_attn.o_proj.bias) for x in self.layers]
+        self._down = [(x.mlp.down_proj.weight, x.mlp.down_proj.bias) for x in self.layers]
+        self._ln = [
+            (
+                (x.input_layernorm, x.input_layernorm.weight, x.input_layernorm.variance_epsilon),
+                (
+                    x.post_attention_layernorm,
+                    x.post_attention_layernorm.weight,
+                    x.post_attention_layernorm.variance_epsilon,
+                ),
+            )
+            for x in self.layers
+        ]
+        self._final_ln = (self.norm, self.norm.weight, self.norm.variance_epsilon)
+        self._head = (self.lm_head.weight, self.lm_head.bias)
+        self._qk_norm = [getattr(x.self_attn, "q_norm", None) is not None for x in self.layers]
         for layer in self.layers:
             a = layer.self_attn
             w = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
@@ -215,16 +233,24 @@ class NativeDecoderRunner:
             return F.rms_norm(x, (x.shape[-1],), module.weight, module.variance_epsilon)
         return module(x)
 
+    @staticmethod
+    def _rms(norm: tuple[Any, torch.Tensor, float], x: torch.Tensor) -> torch.Tensor:
+        """`_norm` from the references cached by `refresh_weights`."""
+        module, weight, eps = norm
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), weight, eps)
+        return module(x)
+
     def _attn_qkv(
         self, i: int, layer: Any, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v of `h` [B, L, H] as [B, heads, L, head_dim], RoPE applied."""
-        attn = layer.self_attn
         b, length, _ = h.shape
         w, bias = self._qkv[i]
         qkv = F.linear(h, w, bias)
         nq, nkv = self.num_heads, self.num_kv_heads
-        if getattr(attn, "q_norm", None) is not None:  # Qwen3: per-head norms before RoPE
+        if self._qk_norm[i]:  # Qwen3: per-head norms before RoPE
+            attn = layer.self_attn
             q, k, v = qkv.split([self._q_size, self._kv_size, self._kv_size], dim=-1)
             qk = torch.cat(
                 [
@@ -249,14 +275,10 @@ class NativeDecoderRunner:
     ) -> torch.Tensor:
         b, _, length, _ = attn_out.shape
         o = attn_out.transpose(1, 2).reshape(b, length, self.num_heads * self.head_dim)
-        o_proj = layer.self_attn.o_proj
-        x = x + F.linear(o, o_proj.weight, o_proj.bias)
-        mlp = layer.mlp
-        gate, up = F.linear(self._norm(layer.post_attention_layernorm, x), self._gate_up[i]).chunk(
-            2, dim=-1
-        )
-        act = F.silu(gate) if self._silu else mlp.act_fn(gate)
-        return x + F.linear(act * up, mlp.down_proj.weight, mlp.down_proj.bias)
+        x = x + F.linear(o, *self._o[i])
+        gate, up = F.linear(self._rms(self._ln[i][1], x), self._gate_up[i]).chunk(2, dim=-1)
+        act = F.silu(gate) if self._silu else layer.mlp.act_fn(gate)
+        return x + F.linear(act * up, *self._down[i])
 
     def _attend_one(
         self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None
@@ -308,7 +330,7 @@ class NativeDecoderRunner:
         slots = rows if contiguous else torch.tensor([s.slot for s in ordered], device=dev)
         x = self.embed(ids)
         for i, layer in enumerate(self.layers):
-            q, k, v = self._attn_qkv(i, layer, self._norm(layer.input_layernorm, x), cos, sin)
+            q, k, v = self._attn_qkv(i, layer, self._rms(self._ln[i][0], x), cos, sin)
             if contiguous and uniform:
                 kc, vc = self.k[i][:b], self.v[i][:b]
                 kc[:, :, length - 1] = k[:, :, 0]
@@ -324,7 +346,7 @@ class NativeDecoderRunner:
                 self.v[i][slots, :, pos] = v[:, :, 0]
                 keys, values = self.k[i][slots, :, :length], self.v[i][slots, :, :length]
             x = self._finish_layer(i, layer, x, self._attend_one(q, keys, values, bias))
-        logits = self.lm_head(self._norm(self.norm, x[:, -1]))
+        logits = F.linear(self._rms(self._final_ln, x[:, -1]), *self._head)
         if order == list(range(b)):
             return logits
         out = torch.empty_like(logits)
