@@ -103,6 +103,8 @@ class LocalRun:
         extra: list[str],
         address: str,
         cpus: list[int] | None,
+        *,
+        may_finish: bool = False,
     ) -> ServiceProcess:
         env = {"PYTHONUNBUFFERED": "1", "FLYWHEEL_RUN_DIR": str(self.run_dir)}
         if self.cfg.services.auth_token:
@@ -117,8 +119,13 @@ class LocalRun:
         ).start()
         self.procs.append(proc)
         self._write_pids()
-        wait_until_serving(proc, address, self.cfg.launcher.startup_timeout)
-        _say(f"{name} is SERVING on {address} (pid {proc.pid})")
+        if wait_until_serving(
+            proc, address, self.cfg.launcher.startup_timeout, may_finish=may_finish
+        ):
+            _say(f"{name} is SERVING on {address} (pid {proc.pid})")
+            self._scrape()  # at once: a short-lived trainer may be gone by the next scrape
+        else:
+            _say(f"{name} finished (exit 0) before its first health check (pid {proc.pid})")
         return proc
 
     def _write_pids(self) -> None:
@@ -148,6 +155,7 @@ class LocalRun:
             [],
             s.trainer.address,
             self.cfg.launcher.trainer_cpus,
+            may_finish=True,  # a few-step run can be over before the first health check
         )
 
     def stop_all(self) -> None:

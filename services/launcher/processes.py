@@ -117,8 +117,13 @@ class ServiceProcess:
         return "\n".join(list(self.tail)[-n:])
 
 
-def wait_until_serving(proc: ServiceProcess, address: str, timeout: float) -> None:
-    """Block until grpc health reports SERVING; fail fast (with its log) if the process dies."""
+def wait_until_serving(
+    proc: ServiceProcess, address: str, timeout: float, *, may_finish: bool = False
+) -> bool:
+    """Block until grpc health reports SERVING (True); fail fast (with its log) if the process
+    dies. With `may_finish`, a clean exit (code 0) before the first SERVING answer returns
+    False instead: a short job (a trainer with a few steps) can be done before it is looked
+    at, and its caller judges the outcome from what it wrote."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -128,12 +133,14 @@ def wait_until_serving(proc: ServiceProcess, address: str, timeout: float) -> No
     try:
         while True:
             code = proc.poll()
+            if code == 0 and may_finish:
+                return False
             if code is not None:
                 raise ServiceFailed(proc, f"exited with code {code} before it was healthy")
             try:
                 resp = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
                 if resp.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
+                    return True
             except grpc.RpcError:
                 pass
             if time.monotonic() > deadline:

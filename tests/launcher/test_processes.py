@@ -25,6 +25,21 @@ def test_logs_go_to_file_and_tail_and_exit_code_is_reported(tmp_path):
     assert "line 49" in str(err.value)  # the failure carries the service's last words
 
 
+def test_a_job_that_finished_before_its_health_check_is_not_a_failure(tmp_path):
+    # A trainer with a few steps can be done before the launcher first asks for its health:
+    # a clean exit then reads as finished (False), any other exit still fails.
+    done = ServiceProcess("job", [sys.executable, "-c", "print('done')"], tmp_path, echo=False)
+    done.start().wait(timeout=30)
+    assert wait_until_serving(done, "127.0.0.1:1", timeout=5, may_finish=True) is False
+    with pytest.raises(ServiceFailed, match="exited with code 0 before it was healthy"):
+        wait_until_serving(done, "127.0.0.1:1", timeout=5)
+    crash = "import sys; sys.exit(3)"
+    bad = ServiceProcess("bad", [sys.executable, "-c", crash], tmp_path, echo=False).start()
+    bad.wait(timeout=30)
+    with pytest.raises(ServiceFailed, match="exited with code 3"):
+        wait_until_serving(bad, "127.0.0.1:1", timeout=5, may_finish=True)
+
+
 def test_stop_sends_sigterm_then_the_process_exits(tmp_path):
     code = textwrap.dedent(
         """
