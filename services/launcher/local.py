@@ -123,7 +123,8 @@ class LocalRun:
             proc, address, self.cfg.launcher.startup_timeout, may_finish=may_finish
         ):
             _say(f"{name} is SERVING on {address} (pid {proc.pid})")
-            self._scrape()  # at once: a short-lived trainer may be gone by the next scrape
+            if may_finish:  # at once: a short-lived job may be gone by the next scrape
+                self._scrape()
         else:
             _say(f"{name} finished (exit 0) before its first health check (pid {proc.pid})")
         return proc

@@ -155,6 +155,7 @@ class PPOTrainer:
                 temperature=self.temperature,
             )
         self._hooks: list[Callable[[str], None]] = []
+        self.reuses_first_minibatch_logp = self._can_reuse_first_minibatch_logp()
 
     # -- introspection ---------------------------------------------------------------------
     def on_forward(self, hook: Callable[[str], None]) -> None:
@@ -173,10 +174,10 @@ class PPOTrainer:
             return needs_recompute(a.prox_logp_method)
         return bool(a.recompute_logprob)
 
-    @property
-    def reuses_first_minibatch_logp(self) -> bool:
+    def _can_reuse_first_minibatch_logp(self) -> bool:
         """Whether minibatch 0 takes π_prox from its own training forward (see
-        `trainer.reuse_first_minibatch_logp`): only where that is the same number."""
+        `trainer.reuse_first_minibatch_logp`): only where that is the same number. Fixed by
+        the configuration and the model, so decided once at construction."""
         if not (self.needs_prox_forward and self.cfg.trainer.reuse_first_minibatch_logp):
             return False
         if self.ref is not None:

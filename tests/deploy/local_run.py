@@ -21,45 +21,16 @@ from typing import Any, TypeVar
 
 import yaml
 
+from tests.run_configs import tiny_run_config
+
 ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
 
 
 def small_config(fileroot: Path) -> dict[str, Any]:
-    """A run that reaches its first training step within seconds on two cores: a one-layer
-    hidden-32 model without warm start or evaluation, groups of 4, one group per step."""
-    return {
-        "experiment_name": "scrape",
-        "trial_name": "t",
-        "seed": 3,
-        "total_train_steps": 100_000,  # never reached: the test stops the run
-        "cluster": {"fileroot": str(fileroot)},
-        "launcher": {
-            "tiny_model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2},
-            "warm_start": {"enabled": False},
-            "eval": {"freq_steps": 0},
-            "progress": False,
-        },
-        "train_dataset": {"builtin": "arithmetic", "builtin_size": 200},
-        "gconfig": {"n_samples": 4, "max_new_tokens": 8, "temperature": 1.0},
-        "rollout": {
-            "consumer_batch_size": 4,
-            "max_head_offpolicyness": 1,
-            "max_concurrent_rollouts": 8,
-        },
-        "reward": {"fn": "gsm8k", "num_workers": 1},
-        "actor": {
-            "group_size": 4,
-            "ppo_n_minibatches": 1,
-            "kl_ctl": 0.0,
-            "dtype": "float32",
-            "use_decoupled_loss": True,
-            "recompute_logprob": True,
-            "adv_norm": {"mean_level": "group", "std_level": "group", "group_size": 4},
-            "optimizer": {"lr": 1e-4, "warmup_steps": 1},
-        },
-        "trainer": {"n_ranks": 1, "weight_transport": "disk"},
-    }
+    """The shared tiny run, given far more steps than the test waits for."""
+    # never reached: the test stops the run
+    return tiny_run_config(fileroot, experiment="scrape", steps=100_000)
 
 
 def wait_for(

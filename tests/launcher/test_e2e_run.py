@@ -18,45 +18,25 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.run_configs import tiny_run_config
+
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 FLYWHEEL = [sys.executable, "-m", "services.cli"]
 
 
 def small_config(tmp_path: Path, **extra) -> Path:
-    cfg = {
-        "experiment_name": "e2e",
-        "trial_name": "t",
-        "seed": 3,
-        "total_train_steps": extra.pop("steps", 4),
-        "cluster": {"fileroot": str(tmp_path / "runs")},
-        "launcher": {
-            "tiny_model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2},
-            "warm_start": {"enabled": True, "steps": 20, "batch_size": 32, "warmup_steps": 5},
-            "eval": {"freq_steps": 0, "n_prompts": 16},
-            "progress": False,
-        },
-        "train_dataset": {"builtin": "arithmetic", "builtin_size": 200},
-        "valid_dataset": {"builtin": "arithmetic", "builtin_size": 32, "shuffle": False},
-        "gconfig": {"n_samples": 4, "max_new_tokens": 8, "temperature": 1.0},
-        "rollout": {
-            "consumer_batch_size": 4,
-            "max_head_offpolicyness": 1,
-            "max_concurrent_rollouts": 8,
-        },
-        "reward": {"fn": "gsm8k", "num_workers": 1},
-        "actor": {
-            "group_size": 4,
-            "ppo_n_minibatches": 1,
-            "kl_ctl": 0.0,
-            "dtype": "float32",
-            "use_decoupled_loss": True,
-            "recompute_logprob": True,
-            "adv_norm": {"mean_level": "group", "std_level": "group", "group_size": 4},
-            "optimizer": {"lr": 1e-4, "warmup_steps": 1},
-        },
-        "trainer": {"n_ranks": 1, "save_freq_steps": 2, "weight_transport": "disk"},
+    steps = extra.pop("steps", 4)
+    cfg = tiny_run_config(tmp_path / "runs", experiment="e2e", steps=steps)
+    cfg["launcher"]["warm_start"] = {
+        "enabled": True,
+        "steps": 20,
+        "batch_size": 32,
+        "warmup_steps": 5,
     }
+    cfg["launcher"]["eval"] = {"freq_steps": 0, "n_prompts": 16}
+    cfg["valid_dataset"] = {"builtin": "arithmetic", "builtin_size": 32, "shuffle": False}
+    cfg["trainer"]["save_freq_steps"] = 2
     for key, value in extra.items():
         cfg[key] = {**cfg.get(key, {}), **value}
     path = tmp_path / "e2e.yaml"
