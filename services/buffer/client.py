@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import grpc
 
 from flywheel_proto.v1 import buffer_pb2, buffer_pb2_grpc, common_pb2
+from services.buffer import wire
 from services.common.codec import CodecLimits, TrajectoryGroup, group_from_proto, group_to_proto
 from services.common.grpc_client import make_channel
 
@@ -112,6 +113,22 @@ class ClaimResult:
         return len(self.messages)
 
 
+AnyGroup = TrajectoryGroup | common_pb2.TrajectoryGroup | bytes
+"""A group to put: decoded, as a message, or already serialized (a TrajectoryGroup's bytes)."""
+
+
+def _group_bytes(group: AnyGroup) -> bytes:
+    if isinstance(group, bytes):
+        return group
+    msg = group if isinstance(group, common_pb2.TrajectoryGroup) else group_to_proto(group)
+    return msg.SerializeToString()
+
+
+def _method_path(name: str) -> str:
+    service = buffer_pb2.DESCRIPTOR.services_by_name["BufferService"]
+    return f"/{service.full_name}/{service.methods_by_name[name].name}"
+
+
 def _trailer(err: grpc.RpcError, key: str) -> str | None:
     try:
         trailers = err.trailing_metadata() or ()
@@ -145,6 +162,17 @@ class BufferClient:
             address, max_message_bytes=max_message_bytes, auth_token=auth_token
         )
         self.stub = buffer_pb2_grpc.BufferServiceStub(self.channel)
+        # The puts send hand-written wire bytes (see services/buffer/wire.py).
+        self._put_wire = self.channel.unary_unary(
+            _method_path("Put"),
+            request_serializer=None,
+            response_deserializer=buffer_pb2.PutResponse.FromString,
+        )
+        self._put_many_wire = self.channel.unary_unary(
+            _method_path("PutMany"),
+            request_serializer=None,
+            response_deserializer=buffer_pb2.PutManyResponse.FromString,
+        )
         self.timeout = timeout
         self.retries = retries
         self.backpressure_wait_s = backpressure_wait_s
@@ -199,18 +227,12 @@ class BufferClient:
         return request_id or uuid.uuid4().hex
 
     # -- rollout side ----------------------------------------------------------------------
-    async def put(
-        self,
-        group: TrajectoryGroup | common_pb2.TrajectoryGroup,
-        *,
-        request_id: str | None = None,
-    ) -> PutResult:
+    async def put(self, group: AnyGroup, *, request_id: str | None = None) -> PutResult:
         """Store one group. Raises InvalidGroupError (malformed/oversized, nothing stored)
         and BufferFullError (backpressure lasted too long)."""
-        msg = group if isinstance(group, common_pb2.TrajectoryGroup) else group_to_proto(group)
-        req = buffer_pb2.PutRequest(request_id=self._rid(request_id), group=msg)
+        req = wire.encode_put_request(self._rid(request_id), _group_bytes(group))
         try:
-            resp = await self._call(self.stub.Put, req)
+            resp = await self._call(self._put_wire, req)
         except grpc.RpcError as err:
             if err.code() in (
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -221,29 +243,20 @@ class BufferClient:
         return PutResult(_RESULT_NAMES.get(resp.result, "unspecified"), resp.reason, resp.version)
 
     async def put_many(
-        self,
-        groups: Sequence[TrajectoryGroup | common_pb2.TrajectoryGroup],
-        *,
-        request_id: str | None = None,
+        self, groups: Sequence[AnyGroup], *, request_id: str | None = None
     ) -> list[PutResult]:
         """Store several groups in one call; one result per group, in order. Unlike `put`,
         a malformed group does not raise: its result is `invalid` (counted, nothing stored)
         and the others are stored. Groups refused because the buffer is full are sent again
         after the buffer's retry-after hint until `backpressure_wait_s`, then BufferFullError."""
         rid = self._rid(request_id)
-        puts = [
-            buffer_pb2.PutRequest(
-                request_id=f"{rid}-{i}",
-                group=g if isinstance(g, common_pb2.TrajectoryGroup) else group_to_proto(g),
-            )
-            for i, g in enumerate(groups)
-        ]
+        puts = [(f"{rid}-{i}", _group_bytes(g)) for i, g in enumerate(groups)]
         results: list[PutResult | None] = [None] * len(puts)
         todo = list(range(len(puts)))
         deadline = time.monotonic() + self.backpressure_wait_s
         while todo:
-            req = buffer_pb2.PutManyRequest(puts=[puts[i] for i in todo])
-            resp = await self._call(self.stub.PutMany, req)
+            req = wire.encode_put_many([puts[i] for i in todo])
+            resp = await self._call(self._put_many_wire, req)
             full: list[int] = []
             wait_ms = 0
             for i, r in zip(todo, resp.results, strict=True):

@@ -22,8 +22,10 @@ from typing import Any, TypeVar
 import grpc
 import redis.exceptions as redis_errors
 from google.protobuf import message_factory
+from google.protobuf.message import DecodeError, Message
 
 from flywheel_proto.v1 import buffer_pb2, buffer_pb2_grpc, common_pb2
+from services.buffer import wire
 from services.buffer.export import export_jsonl
 from services.buffer.filters import GroupFilter
 from services.buffer.metrics import BufferMetrics
@@ -34,6 +36,7 @@ from services.common.codec import CodecError, CodecLimits, group_from_proto
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+M = TypeVar("M", bound=Message)
 
 _RESULTS = {
     "admitted": buffer_pb2.ADMISSION_RESULT_ADMITTED,
@@ -188,9 +191,10 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
 
     # -- Put -----------------------------------------------------------------------------
     @_rpc
-    async def Put(self, request: buffer_pb2.PutRequest, context: Any) -> buffer_pb2.PutResponse:
+    async def Put(self, request: bytes, context: Any) -> buffer_pb2.PutResponse:
         self._refuse_in_replay("Put")
-        item = await self._admissible(request)
+        put = _parse(buffer_pb2.PutRequest, request)
+        item = await self._admissible(put, wire.put_group_bytes(memoryview(request)))
         outcome = (await self._store_puts([item]))[0]
         if outcome.result == "full":
             raise RpcFailure(
@@ -198,23 +202,23 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
                 _full_reason(outcome),
                 retry_after_ms=self.settings.retry_after_ms,
             )
-        return self._put_response(request.group.group_id, item.oldest_version, outcome)
+        return self._put_response(put.group.group_id, item.oldest_version, outcome)
 
     @_rpc
-    async def PutMany(
-        self, request: buffer_pb2.PutManyRequest, context: Any
-    ) -> buffer_pb2.PutManyResponse:
+    async def PutMany(self, request: bytes, context: Any) -> buffer_pb2.PutManyResponse:
         self._refuse_in_replay("PutMany")
-        n = len(request.puts)
+        parsed = _parse(buffer_pb2.PutManyRequest, request)
+        n = len(parsed.puts)
         _require(0 < n <= MAX_PUTS_PER_CALL, "puts", f"must hold 1 to {MAX_PUTS_PER_CALL}")
-        ids = [p.group.group_id for p in request.puts]
+        ids = [p.group.group_id for p in parsed.puts]
         _require(len(set(ids)) == n, "puts", "group ids must be distinct within one call")
         results: list[buffer_pb2.PutResponse | None] = [None] * n
         items: list[PutItem] = []
         where: list[int] = []
-        for i, put in enumerate(request.puts):
+        raw = wire.put_many_group_bytes(request)
+        for i, (put, payload) in enumerate(zip(parsed.puts, raw, strict=True)):
             try:
-                items.append(await self._admissible(put))
+                items.append(await self._admissible(put, payload))
                 where.append(i)
             except RpcFailure as err:
                 if err.code == grpc.StatusCode.INTERNAL:  # a filter broke: store nothing
@@ -235,10 +239,13 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
                 results[i] = self._put_response(item.group_id, item.oldest_version, outcome)
         return buffer_pb2.PutManyResponse(results=results)
 
-    async def _admissible(self, request: buffer_pb2.PutRequest) -> PutItem:
-        """The group as the store takes it, or RpcFailure (counted as invalid) saying why not."""
+    async def _admissible(self, request: buffer_pb2.PutRequest, payload: bytes | None) -> PutItem:
+        """The group as the store takes it, or RpcFailure (counted as invalid) saying why not.
+        `payload` is the group's bytes as received (None: serialize the parsed group)."""
         msg = request.group
-        size = msg.ByteSize()
+        if payload is None:
+            payload = msg.SerializeToString()
+        size = len(payload)
         if size > self.settings.max_group_bytes:
             await self._count_invalid(request)
             raise RpcFailure(
@@ -267,7 +274,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
             oldest_version=oldest,
             newest_version=newest,
             n_trajectories=len(msg.trajectories),
-            payload=msg.SerializeToString(),
+            payload=payload,
             reservation_id=msg.reservation_id,
             filtered=filtering and group is not None and not self._accepts(group),
         )
@@ -415,7 +422,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
             self.metrics.served_staleness.observe(max(0, version - g.oldest_version))
         # The stored payloads are serialized TrajectoryGroups already: the reply is written
         # around them instead of parsing and re-serializing megabytes (see `register`).
-        return encode_claim_response(version, dropped_stale, [g.payload for g in served])
+        return wire.encode_claim_response(version, dropped_stale, [g.payload for g in served])
 
     async def _filter_claimed(self, groups: list[ClaimedGroup]) -> list[ClaimedGroup]:
         """Apply the filter to claimed groups; rejected ones are dropped as `filtered`."""
@@ -557,44 +564,35 @@ def stats_to_proto(s: StatsSnapshot) -> buffer_pb2.BufferStats:
     )
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def encode_claim_response(version: int, dropped_stale: int, payloads: list[bytes]) -> bytes:
-    """Wire bytes of `ClaimResponse(groups=payloads, version, dropped_stale)`: field 1
-    (groups, length-delimited), field 2 (version, varint), field 3 (dropped_stale, varint).
-    Both numbers are never negative here."""
-    parts: list[bytes] = []
-    for p in payloads:
-        parts += (b"\x0a", _varint(len(p)), p)
-    if version:
-        parts += (b"\x10", _varint(version))
-    if dropped_stale:
-        parts += (b"\x18", _varint(dropped_stale))
-    return b"".join(parts)
-
-
 def _serialize(response: Any) -> bytes:
     return response if isinstance(response, bytes) else response.SerializeToString()
 
 
+_RAW_REQUESTS = frozenset({"Put", "PutMany"})
+"""Handlers that take the request's wire bytes: they store the groups' bytes as received."""
+
+
+def _parse(message_type: type[M], data: bytes) -> M:
+    try:
+        return message_type.FromString(data)
+    except DecodeError as err:
+        raise RpcFailure(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"request is not a valid {message_type.DESCRIPTOR.full_name}: {err}",
+        ) from None
+
+
 def register(servicer: BufferServicer, server: grpc.aio.Server) -> None:
     """Like the generated `add_BufferServiceServicer_to_server`, built from the service
-    descriptor, except that a handler may return ready wire bytes (Claim does)."""
+    descriptor, except that a handler may return ready wire bytes (Claim does) and the put
+    handlers parse their requests themselves (see `_RAW_REQUESTS`)."""
     service = buffer_pb2.DESCRIPTOR.services_by_name["BufferService"]
     handlers = {
         m.name: grpc.unary_unary_rpc_method_handler(
             getattr(servicer, m.name),
-            request_deserializer=message_factory.GetMessageClass(m.input_type).FromString,
+            request_deserializer=None
+            if m.name in _RAW_REQUESTS
+            else message_factory.GetMessageClass(m.input_type).FromString,
             response_serializer=_serialize,
         )
         for m in service.methods

@@ -145,3 +145,34 @@ async def test_a_failing_user_filter_fails_the_call_and_stores_nothing(make_buff
     assert err.value.code() == grpc.StatusCode.INTERNAL
     s = await client.stats()
     assert (s.put_total, s.stored_groups) == (0, 0) and s.invariant_ok
+
+
+@pytest.mark.parametrize("method", ["Put", "PutMany"])
+async def test_undecodable_bytes_get_invalid_argument(make_buffer, method: str) -> None:
+    _, client = await make_buffer()
+    call = client.channel.unary_unary(f"/flywheel.v1.BufferService/{method}")
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await call(b"\x0a\xff\xff\xff\x0f")  # a length far past the end
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "is not a valid flywheel.v1." in err.value.details()
+    s = await client.stats()
+    assert (s.put_total, s.stored_groups) == (0, 0) and s.invariant_ok
+
+
+async def test_a_group_sent_in_two_parts_is_stored_as_protobuf_merges_it(make_buffer) -> None:
+    """The buffer stores the bytes it received; when they are not one slice (the group
+    field given twice, which protobuf merges), it stores the merged group instead."""
+    _, client = await make_buffer()
+    whole = group_to_proto(make_group("m"))
+    head = buffer_pb2.PutRequest(request_id="r", group=whole).SerializeToString()
+    tail = buffer_pb2.PutRequest(group={"prompt_id": "p7"}).SerializeToString()
+    call = client.channel.unary_unary(
+        "/flywheel.v1.BufferService/Put",
+        response_deserializer=buffer_pb2.PutResponse.FromString,
+    )
+    resp = await call(head + tail)
+    assert resp.result == buffer_pb2.ADMISSION_RESULT_ADMITTED
+    out = await client.claim(1, consumer_id="c")
+    assert out.messages[0].prompt_id == "p7"
+    whole.prompt_id = "p7"
+    assert out.messages[0] == whole
