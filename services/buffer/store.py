@@ -29,6 +29,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import NoScriptError
 
 from services.buffer import scripts
 
@@ -249,11 +250,33 @@ class RedisStore:
         if len(items) == 1:
             replies = [await script(keys=[], args=[self.prefix, *self._put_args(items[0])])]
         else:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for item in items:
-                    await script(keys=[], args=[self.prefix, *self._put_args(item)], client=pipe)
-                replies = await pipe.execute()
+            replies = await self._evalsha_pipelined(
+                script, [(self.prefix, *self._put_args(item)) for item in items]
+            )
         return [_put_outcome(r) for r in replies]
+
+    async def _evalsha_pipelined(self, script: Any, arg_lists: list[tuple[Any, ...]]) -> list[Any]:
+        """One script run per argument list, in one round trip. redis-py's own pipelining of
+        scripts asks SCRIPT EXISTS before every execute, a second round trip; here a missing
+        script (a restarted or flushed Redis) is handled after the fact instead: a command
+        answered NOSCRIPT ran nothing, so exactly those are sent again once it is loaded."""
+        replies = await self._evalsha_batch(script.sha, arg_lists)
+        missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
+        if missing:
+            await self.redis.script_load(script.script)
+            again = await self._evalsha_batch(script.sha, [arg_lists[i] for i in missing])
+            for i, reply in zip(missing, again, strict=True):
+                replies[i] = reply
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies
+
+    async def _evalsha_batch(self, sha: str, arg_lists: list[tuple[Any, ...]]) -> list[Any]:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for args in arg_lists:
+                pipe.evalsha(sha, 0, *args)
+            return list(await pipe.execute(raise_on_error=False))
 
     def _put_args(self, item: PutItem) -> tuple[Any, ...]:
         s = self.settings

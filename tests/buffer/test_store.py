@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from services.buffer.store import RedisStore
+from services.buffer.store import PutItem, RedisStore
 
 pytestmark = pytest.mark.integration
 
@@ -138,6 +138,19 @@ async def test_put_and_ack_are_idempotent(make_store) -> None:
     assert (s.put, s.acked, s.duplicate, s.pending, s.in_flight) == (1, 1, 2, 0, 0)
     assert s.stored_bytes == 0 and s.invariant_ok
     assert (await store.claim(consumer_id="t", n_groups=1, allow_partial=True)).groups == []
+
+
+async def test_pipelined_puts_load_a_missing_script_and_run_each_once(make_store) -> None:
+    """After SCRIPT FLUSH (as after a Redis restart) the pipelined puts load the script and
+    send again only what NOSCRIPT refused: every group is put exactly once."""
+    store = make_store()
+    await put(store, "before")
+    await store.redis.script_flush()
+    items = [PutItem(f"g{i}", 0, 0, 2, f"payload-{i}".encode()) for i in range(3)]
+    assert [o.result for o in await store.put_many(items)] == ["admitted"] * 3
+    assert [o.result for o in await store.put_many(items)] == ["duplicate"] * 3
+    s = await store.stats()
+    assert (s.put, s.admitted, s.duplicate, s.pending) == (4, 4, 3, 4) and s.invariant_ok
 
 
 async def test_ack_of_a_never_delivered_group_is_refused(make_store) -> None:
