@@ -72,14 +72,15 @@ def pct(xs: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(xs) * 1000.0, q))
 
 
-def cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU of this process and of `pids` (all their threads), from /proc."""
+def cpu_seconds(pids: list[int]) -> np.ndarray:
+    """User + system CPU of this process and of each of `pids` (all their threads), from
+    /proc: [this, *pids]."""
     tick = os.sysconf("SC_CLK_TCK")
-    total = sum(os.times()[:2])
+    out = [sum(os.times()[:2])]
     for pid in pids:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-    return total
+        out.append((int(fields[11]) + int(fields[12])) / tick)  # utime, stime
+    return np.asarray(out)
 
 
 async def buffer_put(
@@ -152,7 +153,7 @@ async def run_rounds(address: str, redis_url: str, pids: list[int], base: list, 
             payloads = [m.SerializeToString() for m in msgs]
             keys = [f"raw:{rnd}:{i}" for i in range(n)]
             seconds = dict.fromkeys(cpu, 0.0)
-            cpu_used = dict.fromkeys(cpu, 0.0)
+            cpu_used = {k: np.zeros(len(pids) + 1) for k in cpu}
             for lo in range(0, n, args.chunk):
                 part = slice(lo, min(n, lo + args.chunk))
                 m = part.stop - part.start
@@ -242,8 +243,10 @@ def main() -> None:
     med = statistics.median
     r, c = res["rates"], res["cpu"]
     put, claim, write, read = (med(r[k]) for k in ("put", "claim", "write", "read"))
-    buffer_cpu = med(c["put"]) + med(c["claim"])
-    raw_cpu = med(c["write"]) + med(c["read"])
+    # Per phase, the median round's CPU per group of [client, buffer, redis-server].
+    split = {k: np.median(np.asarray(v), axis=0) * 1000 for k, v in c.items()}
+    buffer_cpu = float(split["put"].sum() + split["claim"].sum()) / 1000
+    raw_cpu = float(split["write"].sum() + split["read"].sum()) / 1000
     line = {
         "bench": "buffer",
         "groups_per_round": args.groups,
@@ -269,6 +272,9 @@ def main() -> None:
         "buffer_cpu_ms_per_group": round(buffer_cpu * 1000, 3),
         "raw_cpu_ms_per_group": round(raw_cpu * 1000, 3),
         "cpu_ratio_raw_vs_buffer": round(raw_cpu / buffer_cpu, 3),
+        "cpu_ms_per_group_client_buffer_redis": {
+            k: [round(float(x), 3) for x in v] for k, v in split.items()
+        },
         "load_average_1m": round(os.getloadavg()[0], 2),
     }
     print(json.dumps(line))
