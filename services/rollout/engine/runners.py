@@ -108,6 +108,8 @@ class NativeDecoderRunner:
         self.v: list[torch.Tensor] = []
         self._grow(min(initial_capacity, self.max_positions))
         self._owner: list[RunnerSeq | None] = [None] * max_slots
+        self._qk_norm = [getattr(x.self_attn, "q_norm", None) is not None for x in self.layers]
+        self._paired = self._pairing()
         self.refresh_weights()
 
     @torch.inference_mode()
@@ -119,7 +121,7 @@ class NativeDecoderRunner:
         update (the copies would otherwise keep serving the old weights).
         """
         self._qkv: list[tuple[torch.Tensor, torch.Tensor | None]] = []
-        self._gate_up: list[torch.Tensor] = []
+        self._gate_up: list[tuple[torch.Tensor, torch.Tensor | None]] = []
         # Plain references per layer: a decode step of a tiny model is short enough that
         # nn.Module attribute lookups (a few thousand per step) show up in its profile.
         self._o = [(x.self_attn.o_proj.weight, x.self_attn.o_proj.bias) for x in self.layers]
@@ -137,26 +139,60 @@ class NativeDecoderRunner:
         ]
         self._final_ln = (self.norm, self.norm.weight, self.norm.variance_epsilon)
         self._head = (self.lm_head.weight, self.lm_head.bias)
-        self._qk_norm = [getattr(x.self_attn, "q_norm", None) is not None for x in self.layers]
-        for layer in self.layers:
-            a = layer.self_attn
-            w = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
-            biases = [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]
-            b = torch.cat(biases) if all(x is not None for x in biases) else None
-            if b is None and any(x is not None for x in biases):
-                b = torch.cat(
-                    [
-                        x
-                        if x is not None
-                        else torch.zeros(p.weight.shape[0], dtype=w.dtype, device=w.device)
-                        for x, p in zip(biases, (a.q_proj, a.k_proj, a.v_proj), strict=True)
-                    ]
-                )
-            self._qkv.append((w, b))
-            m = layer.mlp
-            self._gate_up.append(torch.cat([m.gate_proj.weight, m.up_proj.weight]))
         self._q_size = self.num_heads * self.head_dim
         self._kv_size = self.num_kv_heads * self.head_dim
+        for layer in self.layers:
+            a = layer.self_attn
+            projections = [a.q_proj, a.k_proj, a.v_proj]
+            w = torch.cat([x.weight for x in projections])
+            bias = _fused_bias(projections)
+            if self._paired:  # see _pairing(): pair RoPE halves, fold the softmax scale into q
+                rows = self._paired_rows
+                scale = torch.ones(len(rows), dtype=w.dtype, device=w.device)
+                scale[: self._q_size] = self.scaling
+                w = w[rows] * scale.unsqueeze(1)
+                bias = None if bias is None else bias[rows] * scale
+            self._qkv.append((w.contiguous(), bias))
+            m = layer.mlp
+            self._gate_up.append(
+                (
+                    torch.cat([m.gate_proj.weight, m.up_proj.weight]),
+                    _fused_bias([m.gate_proj, m.up_proj]),  # Llama's mlp_bias
+                )
+            )
+        # Without biases the residual add rides in the GEMM (addmm): one op fewer, twice a layer.
+        self._o_t = [w.t() if b is None else None for w, b in self._o]
+        self._down_t = [w.t() if b is None else None for w, b in self._down]
+
+    def _pairing(self) -> bool:
+        """Whether q/k rows are stored in paired order, so RoPE is one complex product.
+
+        HF's RoPE rotates dimension i of a head together with i + head_dim/2 (`rotate_half`,
+        five ops). Storing the q and k projection rows of each head as (0, h, 1, h+1, ...)
+        makes every rotated pair adjacent, and RoPE becomes a complex multiplication by
+        cos + i sin. Attention only ever uses q . k, which the same permutation of both
+        leaves unchanged, and values are not permuted, so the outputs are the same up to
+        float rounding; the softmax scale is folded into the q rows at the same time. Only
+        for float32/64 (complex dtypes), without per-head q/k norms (their weights would
+        need the permutation too) and when both halves of the RoPE tables are equal (true of
+        HF's rotary modules, checked).
+        """
+        if self.dtype not in (torch.float32, torch.float64) or any(self._qk_norm):
+            return False
+        half = self.head_dim // 2
+        if self.head_dim % 2 or not (
+            torch.equal(self.cos[:, :half], self.cos[:, half:])
+            and torch.equal(self.sin[:, :half], self.sin[:, half:])
+        ):
+            return False
+        within = torch.stack([torch.arange(half), torch.arange(half) + half], 1).reshape(-1)
+        heads = torch.arange(self.num_heads + self.num_kv_heads).unsqueeze(1) * self.head_dim
+        q_and_k = (heads + within).reshape(-1)  # q heads, then k heads, each in paired order
+        v_start = len(q_and_k)
+        v = torch.arange(v_start, v_start + self.num_kv_heads * self.head_dim)
+        self._paired_rows = torch.cat([q_and_k, v])  # rows of the fused q/k/v weight
+        self._rot = torch.complex(self.cos[:, :half], self.sin[:, :half])  # [positions, half]
+        return True
 
     # ----------------------------------------------------------------- cache
 
@@ -241,14 +277,31 @@ class NativeDecoderRunner:
             return F.rms_norm(x, (x.shape[-1],), weight, eps)
         return module(x)
 
+    def _rope_at(self, positions: torch.Tensor) -> Any:
+        """What `_attn_qkv` rotates with at `positions` [B, L]: the complex factors
+        [B, L, head_dim/2] with paired rows, else the (cos, sin) tables [B, L, head_dim]."""
+        if self._paired:
+            return self._rot[positions]
+        return self.cos[positions], self.sin[positions]
+
     def _attn_qkv(
-        self, i: int, layer: Any, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+        self, i: int, layer: Any, h: torch.Tensor, rope: Any
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k, v of `h` [B, L, H] as [B, heads, L, head_dim], RoPE applied."""
+        """q, k, v of `h` [B, L, H] as [B, heads, L, head_dim], RoPE (from `_rope_at`) applied."""
         b, length, _ = h.shape
         w, bias = self._qkv[i]
         qkv = F.linear(h, w, bias)
         nq, nkv = self.num_heads, self.num_kv_heads
+        if self._paired:
+            pairs = qkv[..., : self._q_size + self._kv_size].view(
+                b, length, nq + nkv, self.head_dim // 2, 2
+            )
+            qk = torch.view_as_real(torch.view_as_complex(pairs) * rope.unsqueeze(2))
+            qk = qk.view(b, length, nq + nkv, self.head_dim)
+            v = qkv[..., self._q_size + self._kv_size :]
+            q = qk[:, :, :nq].transpose(1, 2)
+            k = qk[:, :, nq:].transpose(1, 2)
+            return q, k, v.reshape(b, length, nkv, self.head_dim).transpose(1, 2)
         if self._qk_norm[i]:  # Qwen3: per-head norms before RoPE
             attn = layer.self_attn
             q, k, v = qkv.split([self._q_size, self._kv_size, self._kv_size], dim=-1)
@@ -263,7 +316,7 @@ class NativeDecoderRunner:
             qk = qkv[..., : self._q_size + self._kv_size].view(b, length, nq + nkv, self.head_dim)
             v = qkv[..., self._q_size + self._kv_size :]
         # RoPE on q and k together (one set of ops): x * cos + rotate_half(x) * sin
-        cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
+        cos, sin = rope[0].unsqueeze(2), rope[1].unsqueeze(2)
         qk = qk * cos + _rotate_half(qk) * sin
         q = qk[:, :, :nq].transpose(1, 2)
         k = qk[:, :, nq:].transpose(1, 2)
@@ -274,11 +327,15 @@ class NativeDecoderRunner:
         self, i: int, layer: Any, x: torch.Tensor, attn_out: torch.Tensor
     ) -> torch.Tensor:
         b, _, length, _ = attn_out.shape
-        o = attn_out.transpose(1, 2).reshape(b, length, self.num_heads * self.head_dim)
-        x = x + F.linear(o, *self._o[i])
-        gate, up = F.linear(self._rms(self._ln[i][1], x), self._gate_up[i]).chunk(2, dim=-1)
-        act = F.silu(gate) if self._silu else layer.mlp.act_fn(gate)
-        return x + F.linear(act * up, *self._down[i])
+        o = attn_out.transpose(1, 2).reshape(b * length, self.num_heads * self.head_dim)
+        shape = x.shape
+        x = x.reshape(b * length, shape[-1])
+        o_t, down_t = self._o_t[i], self._down_t[i]
+        x = torch.addmm(x, o, o_t) if o_t is not None else x + F.linear(o, *self._o[i])
+        gate, up = F.linear(self._rms(self._ln[i][1], x), *self._gate_up[i]).chunk(2, dim=-1)
+        act = (F.silu(gate) if self._silu else layer.mlp.act_fn(gate)).mul_(up)
+        x = torch.addmm(x, act, down_t) if down_t is not None else x + F.linear(act, *self._down[i])
+        return x.view(shape)
 
     def _attend_one(
         self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None
@@ -288,7 +345,9 @@ class NativeDecoderRunner:
             rep = self.num_heads // self.num_kv_heads
             keys = keys.repeat_interleave(rep, dim=1)
             values = values.repeat_interleave(rep, dim=1)
-        scores = torch.matmul(q, keys.transpose(-1, -2)).mul_(self.scaling)
+        scores = torch.matmul(q, keys.transpose(-1, -2))
+        if not self._paired:  # else the scale is folded into q
+            scores = scores.mul_(self.scaling)
         if bias is not None:
             scores = scores.add_(bias)
         return torch.matmul(torch.softmax(scores, dim=-1), values)
@@ -301,19 +360,22 @@ class NativeDecoderRunner:
             k,
             v,
             attn_mask=mask,
-            scale=self.scaling,
+            scale=1.0 if self._paired else self.scaling,
             enable_gqa=self.num_kv_heads != self.num_heads,
         )
 
     def _decode(self, seqs: Sequence[RunnerSeq]) -> torch.Tensor:
         b = len(seqs)
-        order = sorted(range(b), key=lambda i: seqs[i].slot)
-        ordered = [seqs[i] for i in order]
-        contiguous = all(s.slot == i for i, s in enumerate(ordered))
         dev = self.device
-        pos_list = [s.cache_len for s in ordered]
+        slots = [s.slot for s in seqs]
+        order: list[int] | None = None  # None: rows already in slot order 0..b-1
+        if slots != list(range(b)):
+            order = sorted(range(b), key=slots.__getitem__)
+            seqs = [seqs[i] for i in order]
+        contiguous = order is None or all(s.slot == i for i, s in enumerate(seqs))
+        pos_list = [s.cache_len for s in seqs]
         pos = torch.tensor(pos_list, device=dev)
-        ids = torch.tensor([[s.tokens[-1]] for s in ordered], device=dev)
+        ids = torch.tensor([s.tokens[-1] for s in seqs], device=dev).view(b, 1)
         length = max(pos_list) + 1
         uniform = min(pos_list) + 1 == length  # every row at the same position: no mask
         bias = None
@@ -325,12 +387,12 @@ class NativeDecoderRunner:
                 ),
                 float("-inf"),
             )
-        cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)
+        rope = self._rope_at(pos.view(b, 1))
         rows = torch.arange(b, device=dev)
-        slots = rows if contiguous else torch.tensor([s.slot for s in ordered], device=dev)
+        slot_ids = rows if contiguous else torch.tensor([s.slot for s in seqs], device=dev)
         x = self.embed(ids)
         for i, layer in enumerate(self.layers):
-            q, k, v = self._attn_qkv(i, layer, self._rms(self._ln[i][0], x), cos, sin)
+            q, k, v = self._attn_qkv(i, layer, self._rms(self._ln[i][0], x), rope)
             if contiguous and uniform:
                 kc, vc = self.k[i][:b], self.v[i][:b]
                 kc[:, :, length - 1] = k[:, :, 0]
@@ -342,12 +404,12 @@ class NativeDecoderRunner:
                 vc[rows, :, pos] = v[:, :, 0]
                 keys, values = kc[:, :, :length], vc[:, :, :length]
             else:
-                self.k[i][slots, :, pos] = k[:, :, 0]
-                self.v[i][slots, :, pos] = v[:, :, 0]
-                keys, values = self.k[i][slots, :, :length], self.v[i][slots, :, :length]
+                self.k[i][slot_ids, :, pos] = k[:, :, 0]
+                self.v[i][slot_ids, :, pos] = v[:, :, 0]
+                keys, values = self.k[i][slot_ids, :, :length], self.v[i][slot_ids, :, :length]
             x = self._finish_layer(i, layer, x, self._attend_one(q, keys, values, bias))
         logits = F.linear(self._rms(self._final_ln, x[:, -1]), *self._head)
-        if order == list(range(b)):
+        if order is None:
             return logits
         out = torch.empty_like(logits)
         out[torch.tensor(order, device=dev)] = logits
@@ -369,11 +431,11 @@ class NativeDecoderRunner:
         mask = (
             torch.arange(total, device=dev).view(1, 1, total) <= positions.unsqueeze(-1)
         ).unsqueeze(1)
-        cos, sin = self.cos[positions], self.sin[positions]
+        rope = self._rope_at(positions)
         slots = torch.tensor([s.slot for s in seqs], device=dev)
         x = self.embed(ids)
         for i, layer in enumerate(self.layers):
-            q, k, v = self._attn_qkv(i, layer, self._norm(layer.input_layernorm, x), cos, sin)
+            q, k, v = self._attn_qkv(i, layer, self._norm(layer.input_layernorm, x), rope)
             for j, s in enumerate(seqs):
                 st, n = starts[j], lens[j]
                 self.k[i][s.slot, :, st : st + n] = k[j, :, :n]
@@ -382,6 +444,16 @@ class NativeDecoderRunner:
             x = self._finish_layer(i, layer, x, self._sdpa(q, keys, values, mask))
         last = x[torch.arange(r, device=dev), torch.tensor(lens, device=dev) - 1]
         return self.lm_head(self._norm(self.norm, last))
+
+
+def _fused_bias(linears: Sequence[torch.nn.Module]) -> torch.Tensor | None:
+    """The concatenated biases of linears fused into one, zeros for those without one;
+    None when none has a bias."""
+    if all(x.bias is None for x in linears):
+        return None
+    return torch.cat(
+        [x.bias if x.bias is not None else torch.zeros_like(x.weight[:, 0]) for x in linears]
+    )
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
