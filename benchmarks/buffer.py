@@ -15,17 +15,24 @@ Per chunk:
 - Claim+Ack: batches of `--batch` groups claimed, then acknowledged, as a trainer does;
 - raw read: redis-py pipelines GETting and DELeting them, `--batch` a pipeline.
 
+- no-op put and claim+ack: the same client calls against a gRPC server that only answers
+  (`--noop-server`, its own process): what the gRPC hop alone costs in Python.
+
 `throughput_ratio_vs_raw_redis` is the median over rounds of the round-trip rate (put, then
-claim and ack: 1 / (1/put + 1/claim)) divided by raw Redis's (write, then read). Because
-shared machines are noisy, the CPU time each path costs per group (client + buffer +
-redis-server processes, from /proc) is reported too; it does not depend on other load.
-Prints one JSON line.
+claim and ack: 1 / (1/put + 1/claim)) divided by raw Redis's (write, then read).
+`ratio_ceiling_serial` is the ratio a buffer would reach if it cost nothing but its gRPC
+hop (the no-op round trip) and then the raw Redis work, one after the other: on a machine
+with fewer cores than processes in the path that is close to an upper bound. Because
+shared machines are noisy, the CPU time each path costs per group (client, buffer,
+redis-server and no-op server processes, from /proc) is reported too; it does not depend
+on other load. Prints one JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -33,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from functools import partial
 from pathlib import Path
 
@@ -132,26 +140,97 @@ def raw_read(r: redis.Redis, keys: list[str], batch: int) -> None:
         assert all(x is not None for x in res[0::2])
 
 
+def run_noop_server(port: int, samples: int, tokens: int) -> None:
+    """A BufferService that does nothing: puts are admitted unseen, claims get ready bytes."""
+    import grpc
+
+    from flywheel_proto.v1 import buffer_pb2
+    from services.buffer.wire import encode_claim_response
+    from services.common.grpc_server import message_size_options
+
+    group = group_to_proto(make_group("noop", samples, tokens, np.random.default_rng(0)))
+    payload = group.SerializeToString()
+    admitted = buffer_pb2.PutResponse(result=buffer_pb2.ADMISSION_RESULT_ADMITTED)
+
+    async def put_many(request: bytes, context: object) -> bytes:
+        n = len(buffer_pb2.PutManyRequest.FromString(request).puts)
+        return buffer_pb2.PutManyResponse(results=[admitted] * n).SerializeToString()
+
+    async def claim(request: buffer_pb2.ClaimRequest, context: object) -> bytes:
+        return encode_claim_response(1, 0, [payload] * request.n_groups)
+
+    async def ack(request: buffer_pb2.AckRequest, context: object) -> bytes:
+        return buffer_pb2.AckResponse(acked=len(request.group_ids)).SerializeToString()
+
+    def handler(fn, parse=None):  # noqa: ANN001, ANN202
+        return grpc.unary_unary_rpc_method_handler(fn, request_deserializer=parse)
+
+    async def serve() -> None:
+        server = grpc.aio.server(options=message_size_options(256 << 20))
+        handlers = {
+            "PutMany": handler(put_many),
+            "Claim": handler(claim, buffer_pb2.ClaimRequest.FromString),
+            "Ack": handler(ack, buffer_pb2.AckRequest.FromString),
+        }
+        generic = grpc.method_handlers_generic_handler("flywheel.v1.BufferService", handlers)
+        server.add_generic_rpc_handlers((generic,))
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        await server.start()
+        await server.wait_for_termination()
+
+    asyncio.run(serve())
+
+
+def raw_client(url: str) -> redis.Redis:
+    """redis-py on `url`; the password, when not in the URL, from FLYWHEEL_REDIS_PASSWORD as
+    the buffer takes it."""
+    password = os.environ.get("FLYWHEEL_REDIS_PASSWORD")
+    return redis.Redis.from_url(url, **({"password": password} if password else {}))
+
+
+def _delete_keys(url: str, tag: str) -> None:
+    """Remove this run's keys (raw leftovers, the buffer's state and tombstones) from an
+    external Redis."""
+    r = raw_client(url)
+    for key in r.scan_iter(match=f"*{tag}*", count=1000):
+        r.unlink(key)
+    r.close()
+
+
 def round_trip(a: float, b: float) -> float:
     """Groups/s of doing a then b for every group: 1 / (1/a + 1/b)."""
     return 1.0 / (1.0 / a + 1.0 / b)
 
 
-async def run_rounds(address: str, redis_url: str, pids: list[int], base: list, args) -> dict:  # noqa: ANN001
-    """Every round: buffer put, raw write, buffer claim+ack, raw read, each timed and costed."""
-    rates: dict[str, list[float]] = {k: [] for k in ("put", "write", "claim", "read", "ratio")}
-    cpu: dict[str, list[float]] = {k: [] for k in ("put", "write", "claim", "read")}
+PHASES = ("put", "write", "claim", "read", "noop_put", "noop_claim")
+
+
+async def run_rounds(  # noqa: PLR0913
+    address: str,
+    noop_address: str,
+    redis_url: str,
+    pids: list[int],
+    base: list,
+    args,  # noqa: ANN001
+) -> dict:
+    """Every round: buffer put, raw write, buffer claim+ack, raw read, then the same calls
+    against the no-op server, chunk by chunk, each timed and costed."""
+    rates: dict[str, list[float]] = {k: [] for k in (*PHASES, "ratio")}
+    cpu: dict[str, list[float]] = {k: [] for k in PHASES}
     put_lat: list[float] = []
     claim_lat: list[float] = []
-    raw = redis.Redis.from_url(redis_url)
+    raw = raw_client(redis_url)
     n = args.groups
-    async with BufferClient(address, timeout=60) as client:
+    async with (
+        BufferClient(address, timeout=60) as client,
+        BufferClient(noop_address, timeout=60) as noop,
+    ):
         await buffer_put(client, [_renamed(base[0], "warm")], 1, 1)  # channel and scripts warm
         await buffer_claim_ack(client, 1, 1)
         for rnd in range(args.rounds):
             msgs = [_renamed(base[i % len(base)], f"r{rnd}-{i}") for i in range(n)]
             payloads = [m.SerializeToString() for m in msgs]
-            keys = [f"raw:{rnd}:{i}" for i in range(n)]
+            keys = [f"{args.tag}:raw:{rnd}:{i}" for i in range(n)]
             seconds = dict.fromkeys(cpu, 0.0)
             cpu_used = {k: np.zeros(len(pids) + 1) for k in cpu}
             for lo in range(0, n, args.chunk):
@@ -166,6 +245,10 @@ async def run_rounds(address: str, redis_url: str, pids: list[int], base: list, 
                     ),
                     "claim": partial(buffer_claim_ack, client, m, args.batch),
                     "read": partial(asyncio.to_thread, raw_read, raw, keys[part], args.batch),
+                    "noop_put": partial(
+                        buffer_put, noop, msgs[part], args.concurrency, args.put_batch
+                    ),
+                    "noop_claim": partial(buffer_claim_ack, noop, m, args.batch),
                 }
                 for name, phase in phases.items():
                     c0, t0 = cpu_seconds(pids), time.perf_counter()
@@ -204,23 +287,37 @@ def main() -> None:
     parser.add_argument(
         "--put-batch", type=int, default=8, help="groups per PutMany call (1: plain Put)"
     )
+    parser.add_argument(
+        "--redis-url",
+        help="an external Redis instead of a local redis-server (password in the URL or in "
+        "FLYWHEEL_REDIS_PASSWORD); the run uses its own keys and deletes them at the end",
+    )
     args = parser.parse_args()
+    args.tag = f"bench-{uuid.uuid4().hex[:12]}"
 
     rng = np.random.default_rng(0)
     # Encoded once, as raw Redis gets its bytes ready-made: both sides move the same bytes.
     base = [group_to_proto(make_group("", args.samples, args.tokens, rng)) for _ in range(16)]
-    with tempfile.TemporaryDirectory() as tmp, RedisServer(dir=Path(tmp) / "redis") as rs:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        if args.redis_url:  # external: its CPU is not ours to read; our keys go at the end
+            redis_url, redis_pids = args.redis_url, []
+            stack.callback(_delete_keys, redis_url, args.tag)
+        else:
+            rs = stack.enter_context(RedisServer(dir=Path(tmp) / "redis"))
+            assert rs.proc is not None
+            redis_url, redis_pids = rs.url, [rs.proc.pid]
         port = free_port()
         cfg = Path(tmp) / "buffer.yaml"
         cfg.write_text(
             yaml.safe_dump(
                 {
                     "experiment_name": "bench",
+                    "trial_name": args.tag,
                     "cluster": {"fileroot": tmp},
                     "actor": {"kl_ctl": 0.0},
                     "rollout": {"max_head_offpolicyness": 1000, "consumer_batch_size": args.batch},
                     "buffer": {
-                        "redis_url": rs.url,
+                        "redis_url": redis_url,
                         "max_stored_groups": args.groups + 10,
                         "max_stored_bytes": 4 << 30,
                     },
@@ -230,15 +327,26 @@ def main() -> None:
         )
         cmd = [sys.executable, "-m", "services.buffer", "--config", str(cfg)]
         proc = subprocess.Popen([*cmd, "--log-level", "WARNING"], cwd=ROOT)
+        noop_port = free_port()
+        shape = [str(args.samples), str(args.tokens)]
+        noop = subprocess.Popen([sys.executable, __file__, "--noop-server", str(noop_port), *shape])
         try:
             asyncio.run(wait_for_health(f"127.0.0.1:{port}", timeout=60))
-            assert rs.proc is not None
+            asyncio.run(_wait_for_port(noop_port))
             res = asyncio.run(
-                run_rounds(f"127.0.0.1:{port}", rs.url, [proc.pid, rs.proc.pid], base, args)
+                run_rounds(
+                    f"127.0.0.1:{port}",
+                    f"127.0.0.1:{noop_port}",
+                    redis_url,
+                    [proc.pid, *redis_pids, noop.pid],
+                    base,
+                    args,
+                )
             )
         finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+            for p in (proc, noop):
+                p.terminate()
+                p.wait(timeout=30)
 
     med = statistics.median
     r, c = res["rates"], res["cpu"]
@@ -247,6 +355,8 @@ def main() -> None:
     split = {k: np.median(np.asarray(v), axis=0) * 1000 for k, v in c.items()}
     buffer_cpu = float(split["put"].sum() + split["claim"].sum()) / 1000
     raw_cpu = float(split["write"].sum() + split["read"].sum()) / 1000
+    noop_rt = round_trip(med(r["noop_put"]), med(r["noop_claim"]))
+    raw_rt = round_trip(write, read)
     line = {
         "bench": "buffer",
         "groups_per_round": args.groups,
@@ -272,8 +382,13 @@ def main() -> None:
         "buffer_cpu_ms_per_group": round(buffer_cpu * 1000, 3),
         "raw_cpu_ms_per_group": round(raw_cpu * 1000, 3),
         "cpu_ratio_raw_vs_buffer": round(raw_cpu / buffer_cpu, 3),
-        "cpu_ms_per_group_client_buffer_redis": {
-            k: [round(float(x), 3) for x in v] for k, v in split.items()
+        "noop_put_groups_per_s": round(med(r["noop_put"]), 1),
+        "noop_claim_ack_groups_per_s": round(med(r["noop_claim"]), 1),
+        "noop_round_trip_groups_per_s": round(noop_rt, 1),
+        "ratio_ceiling_serial": round(round_trip(noop_rt, raw_rt) / raw_rt, 3),
+        "cpu_ms_per_group": {
+            "processes": ["client", "buffer", *(["redis-server"] if redis_pids else []), "noop"],
+            **{k: [round(float(x), 3) for x in v] for k, v in split.items()},
         },
         "load_average_1m": round(os.getloadavg()[0], 2),
     }
@@ -287,5 +402,22 @@ def _renamed(msg, group_id: str):  # noqa: ANN001, ANN202 - protobuf message in 
     return out
 
 
+async def _wait_for_port(port: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.05)
+            continue
+        writer.close()
+        return
+
+
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) == 5 and sys.argv[1] == "--noop-server":
+        run_noop_server(*(int(x) for x in sys.argv[2:]))
+    else:
+        main()
