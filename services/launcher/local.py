@@ -25,8 +25,14 @@ from services.launcher import assets
 from services.launcher.evaluation import EvalResult, evaluate
 from services.launcher.metrics_log import MetricsTail
 from services.launcher.processes import ServiceFailed, ServiceProcess, wait_until_serving
-from services.launcher.report import check_invariants, scrape_metrics, write_learning_curve
+from services.launcher.report import (
+    check_invariants,
+    flywheel_series,
+    scrape_metrics,
+    write_learning_curve,
+)
 from services.rollout.data.datasets import read_rows
+from services.trainer.paths import RunPaths
 
 
 def _say(msg: str) -> None:
@@ -55,6 +61,8 @@ class LocalRun:
         if assets.reset_if_finished(self.run_dir):
             _say(f"previous run in {self.run_dir} had finished: starting fresh")
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        # Only this run's trainer may vouch for its metrics (see finish()).
+        RunPaths.from_config(self.cfg).metrics_textfile.unlink(missing_ok=True)
         assets.prepare_data(self.cfg, self.run_dir)
         assets.prepare_model(self.cfg, self.run_dir, log=_say)
         assets.assign_ports(self.cfg)
@@ -326,8 +334,19 @@ class LocalRun:
         records = self.tail.records
         eta = self.cfg.rollout.max_head_offpolicyness
         buffer_stats = self._buffer_stats()
+        from_textfile = []
+        textfile = RunPaths.from_config(self.cfg).metrics_textfile
+        if not self.scraped.get("trainer") and textfile.is_file():
+            # A trainer quick enough to finish between two scrapes leaves its series here.
+            self.scraped["trainer"] = flywheel_series(textfile.read_text(), "trainer")
+            from_textfile.append("trainer")
         invariants = check_invariants(
-            records, eta, buffer_stats, self.scraped, n_rollout=self.cfg.rollout.n_replicas
+            records,
+            eta,
+            buffer_stats,
+            self.scraped,
+            n_rollout=self.cfg.rollout.n_replicas,
+            from_textfile=from_textfile,
         )
         initial = self.evals[0]["accuracy"] if self.evals else None
         final = self.evals[-1]["accuracy"] if self.evals else None

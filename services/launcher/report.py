@@ -7,7 +7,7 @@ accounting adds up, and every service exported metrics over HTTP.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +29,16 @@ def scrape_metrics(addresses: dict[str, Any]) -> dict[str, set[str]]:
         except httpx.HTTPError:
             out[key] = set()
             continue
-        prefix = f"flywheel_{service}_"
-        out[key] = {
-            line.split("{")[0].split(" ")[0]
-            for line in text.splitlines()
-            if line.startswith(prefix)
-        }
+        out[key] = flywheel_series(text, service)
     return out
+
+
+def flywheel_series(text: str, service: str) -> set[str]:
+    """Names of the `flywheel_<service>_*` series in Prometheus text exposition format."""
+    prefix = f"flywheel_{service}_"
+    return {
+        line.split("{")[0].split(" ")[0] for line in text.splitlines() if line.startswith(prefix)
+    }
 
 
 def check_invariants(
@@ -44,6 +47,7 @@ def check_invariants(
     buffer_stats: dict[str, Any],
     scraped: dict[str, set[str]],
     n_rollout: int = 1,
+    from_textfile: Collection[str] = (),
 ) -> dict[str, dict[str, Any]]:
     result: dict[str, dict[str, Any]] = {}
     worst = max((int(r.get("staleness_max", 0)) for r in records), default=0)
@@ -71,9 +75,17 @@ def check_invariants(
     }
     expected = {"buffer", "reward", "trainer", *(f"rollout-{i}" for i in range(n_rollout))}
     missing = sorted(name for name in expected if not scraped.get(name))
+    via_file = sorted(set(from_textfile) & expected)
     result["metrics_exported"] = {
         "ok": not missing,
-        "detail": "every service served flywheel_* series over HTTP"
+        "detail": (
+            "every service served flywheel_* series over HTTP"
+            + (
+                f" ({', '.join(via_file)}: read from its exit textfile, no scrape saw it)"
+                if via_file
+                else ""
+            )
+        )
         if not missing
         else f"no metrics from {missing}",
     }

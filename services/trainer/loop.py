@@ -30,8 +30,6 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from flywheel_proto.v1 import buffer_pb2
@@ -43,31 +41,13 @@ from services.trainer.control import Control, SavedCheckpoint
 from services.trainer.dist import broadcast_bytes, broadcast_json
 from services.trainer.io_loop import IOLoop
 from services.trainer.metrics import JsonlWriter, TrainerMetrics
+from services.trainer.paths import RunPaths
 from services.trainer.ppo import PPOTrainer, StepResult
 from services.trainer.weight_sync import WeightPublisher
 
 log = logging.getLogger(__name__)
 
 CLAIM_FILE = "trainer_claim.json"
-
-
-@dataclass
-class RunPaths:
-    run_dir: Path
-    checkpoint_dir: Path
-    weight_dir: Path
-    metrics_jsonl: Path
-
-    @classmethod
-    def from_config(cls, cfg: FlywheelConfig) -> RunPaths:
-        run_dir = Path(cfg.cluster.fileroot) / cfg.experiment_name / cfg.trial_name
-        t = cfg.trainer
-        return cls(
-            run_dir=run_dir,
-            checkpoint_dir=Path(t.checkpoint_dir) if t.checkpoint_dir else run_dir / "checkpoints",
-            weight_dir=Path(t.weight_dir) if t.weight_dir else run_dir / "weights",
-            metrics_jsonl=Path(t.metrics_jsonl) if t.metrics_jsonl else run_dir / "metrics.jsonl",
-        )
 
 
 def consumer_id(cfg: FlywheelConfig) -> str:

@@ -14,6 +14,8 @@ import signal
 import traceback
 from typing import Any
 
+from prometheus_client import write_to_textfile
+
 from flywheel_proto.v1 import trainer_pb2_grpc
 from services.buffer.client import BufferClient
 from services.common.config import FlywheelConfig
@@ -22,8 +24,9 @@ from services.common.http_app import MetricsServer
 from services.trainer.control import Control
 from services.trainer.dist import DistContext, init_distributed
 from services.trainer.io_loop import IOLoop
-from services.trainer.loop import RunPaths, TrainerLoop
+from services.trainer.loop import TrainerLoop
 from services.trainer.metrics import TrainerMetrics
+from services.trainer.paths import RunPaths
 from services.trainer.ppo import PPOTrainer
 from services.trainer.servicer import SERVICE_NAME, TrainerServicer
 from services.trainer.weight_sync import WeightPublisher
@@ -147,6 +150,12 @@ class TrainerService:
 
     def _shutdown(self) -> None:
         self._ready = False
+        if self.metrics is not None:  # rank 0: its last series outlive the HTTP endpoint
+            try:
+                self.paths.metrics_textfile.parent.mkdir(parents=True, exist_ok=True)
+                write_to_textfile(str(self.paths.metrics_textfile), self.metrics.registry)
+            except OSError:
+                log.exception("could not write the metrics textfile")
         if self.io is not None:
             try:
                 if self.server is not None:

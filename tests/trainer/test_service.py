@@ -125,6 +125,10 @@ def test_control_metrics_and_clean_exit(
     assert lines[0]["samples"] == 8  # 2 groups x 4 trajectories
     # Stop saved the last step (save_on_exit).
     assert (run_dir / "checkpoints" / "step_00000002" / "trainer_state.json").is_file()
+    # The exit textfile holds the final series (for a scraper that came too late).
+    final = (run_dir / "trainer_metrics.prom").read_text()
+    assert "flywheel_trainer_steps_total 2.0" in final
+    assert "flywheel_trainer_version 2.0" in final
 
 
 def test_bad_config_exits_2_naming_the_field(tmp_path: Path) -> None:

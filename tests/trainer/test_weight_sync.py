@@ -29,7 +29,8 @@ from services.rollout.types import SamplingParams
 from services.trainer.control import Control
 from services.trainer.io_loop import IOLoop
 from services.trainer.logprobs import token_logprobs
-from services.trainer.loop import RunPaths, TrainerLoop
+from services.trainer.loop import TrainerLoop
+from services.trainer.paths import RunPaths
 from services.trainer.ppo import PPOTrainer
 from services.trainer.weight_sync import LATEST_FILE, WeightPublisher, version_dir
 from tests.trainer.helpers import synthetic_groups, trainer_config
