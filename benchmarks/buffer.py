@@ -2,30 +2,33 @@
 
 One run starts a real `redis-server` (AOF everysec, as deployed) and the buffer as its own
 process (`python -m services.buffer`), then measures from this client process, in
-`--rounds` rounds. Each round moves `--groups` groups through both sides, alternating
-between them every `--chunk` groups so that both meet the same machine load: Redis rewrites
-its AOF in the background every few hundred groups here, for longer than a whole phase of
-a round, so phases run back to back would let it land on one side only (measured: raw
-writes swung 1,000-5,500 groups/s from round to round that way, the ratio 0.16-0.58).
-Per chunk:
+`--rounds` rounds. Each round moves `--groups` groups through both sides at every level of
+`--concurrency` (requests in flight, the same on both sides), alternating between the sides
+every `--chunk` groups so that both meet the same machine load: Redis rewrites its AOF in
+the background every few hundred groups here, for longer than a whole phase of a round, so
+phases run back to back would let it land on one side only (measured: raw writes swung
+1,000-5,500 groups/s from round to round that way, the ratio 0.16-0.58). Per chunk:
 
 - Put: the chunk's groups of `--samples` x `--tokens` tokens, sent as PutMany calls of
-  `--put-batch` groups (the raw side's pipeline size), `--concurrency` calls in flight;
-- raw write: redis-py pipelines SETting the same serialized group bytes, `--batch` a pipeline;
-- Claim+Ack: batches of `--batch` groups claimed, then acknowledged, as a trainer does;
-- raw read: redis-py pipelines GETting and DELeting them, `--batch` a pipeline.
-
+  `--put-batch` groups (the raw side's pipeline size), that many calls in flight;
+- raw write: redis-py pipelines SETting the same serialized group bytes, `--batch` a
+  pipeline, one thread (with its own connection) per request in flight;
+- Claim+Ack: batches of `--batch` groups claimed, then acknowledged, as a trainer does, by
+  that many consumers;
+- raw read: redis-py pipelines GETting and DELeting them, as the writes;
 - no-op put and claim+ack: the same client calls against a gRPC server that only answers
   (`--noop-server`, its own process): what the gRPC hop alone costs in Python.
 
-`throughput_ratio_vs_raw_redis` is the median over rounds of the round-trip rate (put, then
-claim and ack: 1 / (1/put + 1/claim)) divided by raw Redis's (write, then read).
+Throughput is what a system sustains, so each phase counts at the concurrency where it is
+fastest (the buffer gains from requests in flight; redis-py does not, its parsing holds the
+GIL). `throughput_ratio_vs_raw_redis` is the median over rounds of the round-trip rate
+(put, then claim and ack: 1 / (1/put + 1/claim)) divided by raw Redis's (write, then read).
 `ratio_ceiling_serial` is the ratio a buffer would reach if it cost nothing but its gRPC
 hop (the no-op round trip) and then the raw Redis work, one after the other: on a machine
-with fewer cores than processes in the path that is close to an upper bound. Because
-shared machines are noisy, the CPU time each path costs per group (client, buffer,
-redis-server and no-op server processes, from /proc) is reported too; it does not depend
-on other load. Prints one JSON line.
+with fewer cores than processes in the path that is close to an upper bound. Latencies are
+at the lowest concurrency. Because shared machines are noisy, the CPU time each path costs
+per group (client, buffer, redis-server and no-op server processes, from /proc) is reported
+too; it does not depend on other load. Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import sys
 import tempfile
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
@@ -110,15 +114,26 @@ async def buffer_put(
     return latencies
 
 
-async def buffer_claim_ack(client: BufferClient, n: int, batch: int) -> list[float]:
+async def buffer_claim_ack(
+    client: BufferClient, n: int, concurrency: int, batch: int
+) -> list[float]:
+    """`concurrency` consumers (own consumer ids), each claiming `batch` groups and then
+    acknowledging them, until `n` are done."""
     latencies: list[float] = []
-    got = 0
-    while got < n:
-        t0 = time.perf_counter()
-        out = await client.claim(min(batch, n - got), consumer_id="bench")
-        await client.ack(out.group_ids)
-        latencies.append(time.perf_counter() - t0)
-        got += len(out)
+    left = n
+
+    async def consumer(cid: str) -> None:
+        nonlocal left
+        while left > 0:
+            take = min(batch, left)
+            left -= take
+            t0 = time.perf_counter()
+            out = await client.claim(take, consumer_id=cid)
+            assert len(out) == take, (len(out), take)
+            await client.ack(out.group_ids)
+            latencies.append(time.perf_counter() - t0)
+
+    await asyncio.gather(*(consumer(f"bench-{i}") for i in range(concurrency)))
     return latencies
 
 
@@ -138,6 +153,17 @@ def raw_read(r: redis.Redis, keys: list[str], batch: int) -> None:
             pipe.delete(k)
         res = pipe.execute()
         assert all(x is not None for x in res[0::2])
+
+
+def in_threads(fn, r: redis.Redis, keys: list[str], *rest, concurrency: int, batch: int) -> None:  # noqa: ANN001
+    """`fn` over `concurrency` threads, each on its own connection with its share of the
+    keys (and of the payloads in `rest`), pipelines of `batch` as before."""
+    bounds = [len(keys) * i // concurrency for i in range(concurrency + 1)]
+    shares = [slice(a, b) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+    with ThreadPoolExecutor(len(shares)) as pool:
+        jobs = [pool.submit(fn, r, keys[s], *(x[s] for x in rest), batch) for s in shares]
+        for job in jobs:
+            job.result()
 
 
 def run_noop_server(port: int, samples: int, tokens: int) -> None:
@@ -213,10 +239,12 @@ async def run_rounds(  # noqa: PLR0913
     base: list,
     args,  # noqa: ANN001
 ) -> dict:
-    """Every round: buffer put, raw write, buffer claim+ack, raw read, then the same calls
-    against the no-op server, chunk by chunk, each timed and costed."""
-    rates: dict[str, list[float]] = {k: [] for k in (*PHASES, "ratio")}
-    cpu: dict[str, list[float]] = {k: [] for k in PHASES}
+    """Every round, chunk by chunk and at every concurrency level: buffer put, raw write,
+    buffer claim+ack, raw read, then the same calls against the no-op server, each timed and
+    costed. Returns per (phase, level) the groups/s and CPU per group of every round."""
+    keys_ = [(name, c) for c in args.concurrency for name in PHASES]
+    rates: dict[tuple[str, int], list[float]] = {k: [] for k in keys_}
+    cpu: dict[tuple[str, int], list[np.ndarray]] = {k: [] for k in keys_}
     put_lat: list[float] = []
     claim_lat: list[float] = []
     raw = raw_client(redis_url)
@@ -226,51 +254,120 @@ async def run_rounds(  # noqa: PLR0913
         BufferClient(noop_address, timeout=60) as noop,
     ):
         await buffer_put(client, [_renamed(base[0], "warm")], 1, 1)  # channel and scripts warm
-        await buffer_claim_ack(client, 1, 1)
+        await buffer_claim_ack(client, 1, 1, 1)
         for rnd in range(args.rounds):
-            msgs = [_renamed(base[i % len(base)], f"r{rnd}-{i}") for i in range(n)]
-            payloads = [m.SerializeToString() for m in msgs]
-            keys = [f"{args.tag}:raw:{rnd}:{i}" for i in range(n)]
-            seconds = dict.fromkeys(cpu, 0.0)
-            cpu_used = {k: np.zeros(len(pids) + 1) for k in cpu}
-            for lo in range(0, n, args.chunk):
-                part = slice(lo, min(n, lo + args.chunk))
-                m = part.stop - part.start
-                phases = {
-                    "put": partial(
-                        buffer_put, client, msgs[part], args.concurrency, args.put_batch
-                    ),
-                    "write": partial(
-                        asyncio.to_thread, raw_write, raw, keys[part], payloads[part], args.batch
-                    ),
-                    "claim": partial(buffer_claim_ack, client, m, args.batch),
-                    "read": partial(asyncio.to_thread, raw_read, raw, keys[part], args.batch),
-                    "noop_put": partial(
-                        buffer_put, noop, msgs[part], args.concurrency, args.put_batch
-                    ),
-                    "noop_claim": partial(buffer_claim_ack, noop, m, args.batch),
-                }
-                for name, phase in phases.items():
-                    c0, t0 = cpu_seconds(pids), time.perf_counter()
-                    lat = await phase()
-                    seconds[name] += time.perf_counter() - t0
-                    cpu_used[name] += cpu_seconds(pids) - c0
-                    if name == "put":
-                        put_lat += lat
-                    elif name == "claim":
-                        claim_lat += lat
-            for name in cpu:
-                rates[name].append(n / seconds[name])
-                cpu[name].append(cpu_used[name] / n)
-            rates["ratio"].append(
-                round_trip(rates["put"][-1], rates["claim"][-1])
-                / round_trip(rates["write"][-1], rates["read"][-1])
-            )
+            seconds = dict.fromkeys(keys_, 0.0)
+            cpu_used = {k: np.zeros(len(pids) + 1) for k in keys_}
+            for c in args.concurrency:
+                tag = f"{rnd}-{c}"
+                msgs = [_renamed(base[i % len(base)], f"r{tag}-{i}") for i in range(n)]
+                payloads = [m.SerializeToString() for m in msgs]
+                keys = [f"{args.tag}:raw:{tag}:{i}" for i in range(n)]
+                threads = {"concurrency": c, "batch": args.batch}
+                for lo in range(0, n, args.chunk):
+                    part = slice(lo, min(n, lo + args.chunk))
+                    m = part.stop - part.start
+                    phases = {
+                        "put": partial(buffer_put, client, msgs[part], c, args.put_batch),
+                        "write": partial(
+                            asyncio.to_thread,
+                            in_threads,
+                            raw_write,
+                            raw,
+                            keys[part],
+                            payloads[part],
+                            **threads,
+                        ),
+                        "claim": partial(buffer_claim_ack, client, m, c, args.batch),
+                        "read": partial(
+                            asyncio.to_thread, in_threads, raw_read, raw, keys[part], **threads
+                        ),
+                        "noop_put": partial(buffer_put, noop, msgs[part], c, args.put_batch),
+                        "noop_claim": partial(buffer_claim_ack, noop, m, c, args.batch),
+                    }
+                    for name, phase in phases.items():
+                        c0, t0 = cpu_seconds(pids), time.perf_counter()
+                        lat = await phase()
+                        seconds[name, c] += time.perf_counter() - t0
+                        cpu_used[name, c] += cpu_seconds(pids) - c0
+                        if c == args.concurrency[0] and name == "put":
+                            put_lat += lat
+                        elif c == args.concurrency[0] and name == "claim":
+                            claim_lat += lat
+            for k in keys_:
+                rates[k].append(n / seconds[k])
+                cpu[k].append(cpu_used[k] / n)
         stats = await client.stats()
         assert stats.invariant_ok and stats.pending == stats.in_flight == 0
-        assert stats.acked_total == args.rounds * n + 1
+        assert stats.acked_total == args.rounds * n * len(args.concurrency) + 1
     raw.close()
     return {"rates": rates, "cpu": cpu, "put_lat": put_lat, "claim_lat": claim_lat}
+
+
+def summarize(res: dict, args, base: list, *, with_redis: bool) -> dict:  # noqa: ANN001
+    """The JSON line. Each side is taken at the concurrency where it is fastest, round by
+    round (throughput is what a system sustains, and the raw side is not always helped by
+    more threads: redis-py's parsing holds the GIL)."""
+    med = statistics.median
+    r, c = res["rates"], res["cpu"]
+    levels = args.concurrency
+    rounds = range(args.rounds)
+
+    def best(phase: str, i: int) -> float:
+        return max(r[phase, lv][i] for lv in levels)
+
+    ratios = [
+        round_trip(best("put", i), best("claim", i)) / round_trip(best("write", i), best("read", i))
+        for i in rounds
+    ]
+    ceilings = [
+        round_trip(round_trip(best("noop_put", i), best("noop_claim", i)), rt) / rt
+        for i in rounds
+        for rt in [round_trip(best("write", i), best("read", i))]
+    ]
+    top = {p: max(levels, key=lambda lv, p=p: med(r[p, lv])) for p in PHASES}
+    rate = {p: med(r[p, top[p]]) for p in PHASES}
+    # The median round's CPU per group of each process, at each phase's best level.
+    split = {p: np.median(np.asarray(c[p, top[p]]), axis=0) * 1000 for p in PHASES}
+    buffer_cpu = float(split["put"].sum() + split["claim"].sum())
+    raw_cpu = float(split["write"].sum() + split["read"].sum())
+    return {
+        "bench": "buffer",
+        "groups_per_round": args.groups,
+        "rounds": args.rounds,
+        "chunk": args.chunk,
+        "group_shape": f"{args.samples}x{args.tokens}",
+        "group_bytes": int(statistics.mean(m.ByteSize() for m in base)),
+        "concurrency_levels": levels,
+        "best_concurrency": top,
+        "put_batch": args.put_batch,
+        "batch": args.batch,
+        "put_groups_per_s": round(rate["put"], 1),
+        "claim_ack_groups_per_s": round(rate["claim"], 1),
+        "raw_write_groups_per_s": round(rate["write"], 1),
+        "raw_read_groups_per_s": round(rate["read"], 1),
+        f"put_p50_ms_at_{levels[0]}": round(pct(res["put_lat"], 50), 2),
+        f"put_p99_ms_at_{levels[0]}": round(pct(res["put_lat"], 99), 2),
+        f"claim_ack_p50_ms_at_{levels[0]}": round(pct(res["claim_lat"], 50), 2),
+        f"claim_ack_p99_ms_at_{levels[0]}": round(pct(res["claim_lat"], 99), 2),
+        "buffer_round_trip_groups_per_s": round(round_trip(rate["put"], rate["claim"]), 1),
+        "raw_round_trip_groups_per_s": round(round_trip(rate["write"], rate["read"]), 1),
+        "throughput_ratio_vs_raw_redis": round(med(ratios), 3),
+        "throughput_ratio_per_round": [round(x, 3) for x in ratios],
+        "groups_per_s_by_concurrency": {
+            str(lv): {p: round(med(r[p, lv]), 1) for p in PHASES} for lv in levels
+        },
+        "noop_round_trip_groups_per_s": round(round_trip(rate["noop_put"], rate["noop_claim"]), 1),
+        "ratio_ceiling_serial": round(med(ceilings), 3),
+        "buffer_cpu_ms_per_group": round(buffer_cpu, 3),
+        "raw_cpu_ms_per_group": round(raw_cpu, 3),
+        "cpu_ratio_raw_vs_buffer": round(raw_cpu / buffer_cpu, 3),
+        "cpu_ms_per_group": {
+            "processes": ["client", "buffer", *(["redis-server"] if with_redis else []), "noop"],
+            **{p: [round(float(x), 3) for x in v] for p, v in split.items()},
+        },
+        "load_average_1m": round(os.getloadavg()[0], 2),
+    }
 
 
 def main() -> None:
@@ -283,7 +380,13 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=8, help="groups per claim / per pipeline")
-    parser.add_argument("--concurrency", type=int, default=2, help="put calls in flight")
+    parser.add_argument(
+        "--concurrency",
+        type=lambda x: sorted({int(v) for v in x.split(",")}),
+        default=[1, 2, 4],
+        help="comma-separated levels of requests in flight, the same on every side: PutMany "
+        "calls, claiming consumers (own ids), raw pipelines (threads, a connection each)",
+    )
     parser.add_argument(
         "--put-batch", type=int, default=8, help="groups per PutMany call (1: plain Put)"
     )
@@ -348,50 +451,7 @@ def main() -> None:
                 p.terminate()
                 p.wait(timeout=30)
 
-    med = statistics.median
-    r, c = res["rates"], res["cpu"]
-    put, claim, write, read = (med(r[k]) for k in ("put", "claim", "write", "read"))
-    # Per phase, the median round's CPU per group of [client, buffer, redis-server].
-    split = {k: np.median(np.asarray(v), axis=0) * 1000 for k, v in c.items()}
-    buffer_cpu = float(split["put"].sum() + split["claim"].sum()) / 1000
-    raw_cpu = float(split["write"].sum() + split["read"].sum()) / 1000
-    noop_rt = round_trip(med(r["noop_put"]), med(r["noop_claim"]))
-    raw_rt = round_trip(write, read)
-    line = {
-        "bench": "buffer",
-        "groups_per_round": args.groups,
-        "rounds": args.rounds,
-        "chunk": args.chunk,
-        "group_shape": f"{args.samples}x{args.tokens}",
-        "group_bytes": int(statistics.mean(m.ByteSize() for m in base)),
-        "concurrency": args.concurrency,
-        "put_batch": args.put_batch,
-        "batch": args.batch,
-        "put_groups_per_s": round(put, 1),
-        "put_p50_ms": round(pct(res["put_lat"], 50), 2),
-        "put_p99_ms": round(pct(res["put_lat"], 99), 2),
-        "claim_ack_groups_per_s": round(claim, 1),
-        "claim_ack_p50_ms": round(pct(res["claim_lat"], 50), 2),
-        "claim_ack_p99_ms": round(pct(res["claim_lat"], 99), 2),
-        "raw_write_groups_per_s": round(write, 1),
-        "raw_read_groups_per_s": round(read, 1),
-        "buffer_round_trip_groups_per_s": round(round_trip(put, claim), 1),
-        "raw_round_trip_groups_per_s": round(round_trip(write, read), 1),
-        "throughput_ratio_vs_raw_redis": round(med(r["ratio"]), 3),
-        "throughput_ratio_per_round": [round(x, 3) for x in r["ratio"]],
-        "buffer_cpu_ms_per_group": round(buffer_cpu * 1000, 3),
-        "raw_cpu_ms_per_group": round(raw_cpu * 1000, 3),
-        "cpu_ratio_raw_vs_buffer": round(raw_cpu / buffer_cpu, 3),
-        "noop_put_groups_per_s": round(med(r["noop_put"]), 1),
-        "noop_claim_ack_groups_per_s": round(med(r["noop_claim"]), 1),
-        "noop_round_trip_groups_per_s": round(noop_rt, 1),
-        "ratio_ceiling_serial": round(round_trip(noop_rt, raw_rt) / raw_rt, 3),
-        "cpu_ms_per_group": {
-            "processes": ["client", "buffer", *(["redis-server"] if redis_pids else []), "noop"],
-            **{k: [round(float(x), 3) for x in v] for k, v in split.items()},
-        },
-        "load_average_1m": round(os.getloadavg()[0], 2),
-    }
+    line = summarize(res, args, base, with_redis=bool(redis_pids))
     print(json.dumps(line))
 
 
