@@ -82,10 +82,11 @@ def free_port() -> int:
 
 
 async def update_during_generation(engine, batch_ids, do_update):  # noqa: ANN001
-    """Start a batch, apply an update after a few steps, return the UpdateResult."""
+    """Start a batch, apply an update after a few steps, return the UpdateResult. The batch
+    is long (384 new tokens, ~0.7 s here) so that even a slow disk read lands mid-generation."""
     from services.rollout.types import SamplingParams
 
-    sp = SamplingParams(max_new_tokens=128, ignore_eos=True)
+    sp = SamplingParams(max_new_tokens=384, ignore_eos=True)
     gen = asyncio.gather(*(engine.agenerate(p, sp) for p in batch_ids))
     start = engine.stats.tokens_generated
     while engine.stats.tokens_generated < start + 4 * len(batch_ids):
