@@ -239,7 +239,9 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
                 results[i] = self._put_response(item.group_id, item.oldest_version, outcome)
         return buffer_pb2.PutManyResponse(results=results)
 
-    async def _admissible(self, request: buffer_pb2.PutRequest, payload: bytes | None) -> PutItem:
+    async def _admissible(
+        self, request: buffer_pb2.PutRequest, payload: bytes | memoryview | None
+    ) -> PutItem:
         """The group as the store takes it, or RpcFailure (counted as invalid) saying why not.
         `payload` is the group's bytes as received (None: serialize the parsed group)."""
         msg = request.group

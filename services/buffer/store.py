@@ -84,7 +84,7 @@ class PutItem:
     oldest_version: int
     newest_version: int
     n_trajectories: int
-    payload: bytes
+    payload: bytes | memoryview  # a view of the request's bytes avoids a copy per group
     reservation_id: str = ""
     filtered: bool = False
 
