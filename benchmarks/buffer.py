@@ -172,7 +172,7 @@ def run_noop_server(port: int, samples: int, tokens: int) -> None:
 
     from flywheel_proto.v1 import buffer_pb2
     from services.buffer.wire import encode_claim_response
-    from services.common.grpc_server import message_size_options
+    from services.common.grpc_server import ServiceServer
 
     group = group_to_proto(make_group("noop", samples, tokens, np.random.default_rng(0)))
     payload = group.SerializeToString()
@@ -192,15 +192,14 @@ def run_noop_server(port: int, samples: int, tokens: int) -> None:
         return grpc.unary_unary_rpc_method_handler(fn, request_deserializer=parse)
 
     async def serve() -> None:
-        server = grpc.aio.server(options=message_size_options(256 << 20))
+        server = ServiceServer("noop", port=port, service_names=["flywheel.v1.BufferService"])
         handlers = {
             "PutMany": handler(put_many),
             "Claim": handler(claim, buffer_pb2.ClaimRequest.FromString),
             "Ack": handler(ack, buffer_pb2.AckRequest.FromString),
         }
         generic = grpc.method_handlers_generic_handler("flywheel.v1.BufferService", handlers)
-        server.add_generic_rpc_handlers((generic,))
-        server.add_insecure_port(f"127.0.0.1:{port}")
+        server.server.add_generic_rpc_handlers((generic,))
         await server.start()
         await server.wait_for_termination()
 
@@ -435,7 +434,7 @@ def main() -> None:
         noop = subprocess.Popen([sys.executable, __file__, "--noop-server", str(noop_port), *shape])
         try:
             asyncio.run(wait_for_health(f"127.0.0.1:{port}", timeout=60))
-            asyncio.run(_wait_for_port(noop_port))
+            asyncio.run(wait_for_health(f"127.0.0.1:{noop_port}", timeout=60))
             res = asyncio.run(
                 run_rounds(
                     f"127.0.0.1:{port}",
@@ -460,20 +459,6 @@ def _renamed(msg, group_id: str):  # noqa: ANN001, ANN202 - protobuf message in 
     out.CopyFrom(msg)
     out.group_id = group_id
     return out
-
-
-async def _wait_for_port(port: int, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            _, writer = await asyncio.open_connection("127.0.0.1", port)
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.05)
-            continue
-        writer.close()
-        return
 
 
 if __name__ == "__main__":

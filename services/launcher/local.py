@@ -46,6 +46,7 @@ class LocalRun:
     def __init__(self, cfg: FlywheelConfig) -> None:
         self.cfg = cfg
         self.run_dir = assets.run_dir_of(cfg)
+        self.trainer_paths = RunPaths.from_config(cfg)
         self.procs: list[ServiceProcess] = []
         self.redis: RedisServer | None = None
         self.evals: list[dict[str, Any]] = []
@@ -62,7 +63,7 @@ class LocalRun:
             _say(f"previous run in {self.run_dir} had finished: starting fresh")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # Only this run's trainer may vouch for its metrics (see finish()).
-        RunPaths.from_config(self.cfg).metrics_textfile.unlink(missing_ok=True)
+        self.trainer_paths.metrics_textfile.unlink(missing_ok=True)
         assets.prepare_data(self.cfg, self.run_dir)
         assets.prepare_model(self.cfg, self.run_dir, log=_say)
         assets.assign_ports(self.cfg)
@@ -244,9 +245,7 @@ class LocalRun:
         return self.tail.last.get("step", 0) if hasattr(self, "tail") else 0
 
     def watch(self, trainer: ServiceProcess) -> int:
-        self.tail = MetricsTail(
-            Path(self.cfg.trainer.metrics_jsonl or self.run_dir / "metrics.jsonl")
-        )
+        self.tail = MetricsTail(self.trainer_paths.metrics_jsonl)
         freq = self.cfg.launcher.eval.freq_steps
         last_scrape = 0.0
         next_eval = freq if freq > 0 else None
@@ -335,7 +334,7 @@ class LocalRun:
         eta = self.cfg.rollout.max_head_offpolicyness
         buffer_stats = self._buffer_stats()
         from_textfile = []
-        textfile = RunPaths.from_config(self.cfg).metrics_textfile
+        textfile = self.trainer_paths.metrics_textfile
         if not self.scraped.get("trainer") and textfile.is_file():
             # A trainer quick enough to finish between two scrapes leaves its series here.
             self.scraped["trainer"] = flywheel_series(textfile.read_text(), "trainer")
