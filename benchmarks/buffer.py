@@ -9,15 +9,17 @@ the background every few hundred groups here, for longer than a whole phase of a
 phases run back to back would let it land on one side only (measured: raw writes swung
 1,000-5,500 groups/s from round to round that way, the ratio 0.16-0.58). Per chunk:
 
-- Put: the chunk's groups of `--samples` x `--tokens` tokens, sent as PutMany calls of
-  `--put-batch` groups (the raw side's pipeline size), that many calls in flight;
+- Put: the chunk's groups of `--samples` x `--tokens` tokens, serialized once before the
+  phase like the raw side's, sent as PutMany calls of `--put-batch` groups (the raw side's
+  pipeline size), that many calls in flight;
 - raw write: redis-py pipelines SETting the same serialized group bytes, `--batch` a
   pipeline, one thread (with its own connection) per request in flight;
 - Claim+Ack: batches of `--batch` groups claimed, then acknowledged, as a trainer does, by
   that many consumers;
 - raw read: redis-py pipelines GETting and DELeting them, as the writes;
 - no-op put and claim+ack: the same client calls against a gRPC server that only answers
-  (`--noop-server`, its own process): what the gRPC hop alone costs in Python.
+  (`--noop-server`, its own process, malloc tuned as the buffer's): what the gRPC hop alone
+  costs in Python.
 
 Throughput is what a system sustains, so each phase counts at the concurrency where it is
 fastest (the buffer gains from requests in flight; redis-py does not, its parsing holds the
@@ -96,10 +98,11 @@ def cpu_seconds(pids: list[int]) -> np.ndarray:
 
 
 async def buffer_put(
-    client: BufferClient, messages: list, concurrency: int, batch: int
+    client: BufferClient, groups: list[bytes], concurrency: int, batch: int
 ) -> list[float]:
-    """`concurrency` calls in flight, each a PutMany of `batch` groups (a Put when 1)."""
-    queue = [messages[i : i + batch] for i in range(0, len(messages), batch)]
+    """`concurrency` calls in flight, each a PutMany of `batch` serialized groups (a Put
+    when 1)."""
+    queue = [groups[i : i + batch] for i in range(0, len(groups), batch)]
     latencies: list[float] = []
 
     async def putter() -> None:
@@ -173,6 +176,9 @@ def run_noop_server(port: int, samples: int, tokens: int) -> None:
     from flywheel_proto.v1 import buffer_pb2
     from services.buffer.wire import encode_claim_response
     from services.common.grpc_server import ServiceServer
+    from services.common.malloc_tuning import tune_for_large_messages
+
+    tune_for_large_messages()  # as the buffer does by default (buffer.tune_malloc)
 
     group = group_to_proto(make_group("noop", samples, tokens, np.random.default_rng(0)))
     payload = group.SerializeToString()
@@ -252,22 +258,25 @@ async def run_rounds(  # noqa: PLR0913
         BufferClient(address, timeout=60) as client,
         BufferClient(noop_address, timeout=60) as noop,
     ):
-        await buffer_put(client, [_renamed(base[0], "warm")], 1, 1)  # channel and scripts warm
+        warm = [_renamed(base[0], "warm").SerializeToString()]
+        await buffer_put(client, warm, 1, 1)  # channel and scripts warm
         await buffer_claim_ack(client, 1, 1, 1)
         for rnd in range(args.rounds):
             seconds = dict.fromkeys(keys_, 0.0)
             cpu_used = {k: np.zeros(len(pids) + 1) for k in keys_}
             for c in args.concurrency:
                 tag = f"{rnd}-{c}"
-                msgs = [_renamed(base[i % len(base)], f"r{tag}-{i}") for i in range(n)]
-                payloads = [m.SerializeToString() for m in msgs]
+                payloads = [
+                    _renamed(base[i % len(base)], f"r{tag}-{i}").SerializeToString()
+                    for i in range(n)
+                ]
                 keys = [f"{args.tag}:raw:{tag}:{i}" for i in range(n)]
                 threads = {"concurrency": c, "batch": args.batch}
                 for lo in range(0, n, args.chunk):
                     part = slice(lo, min(n, lo + args.chunk))
                     m = part.stop - part.start
                     phases = {
-                        "put": partial(buffer_put, client, msgs[part], c, args.put_batch),
+                        "put": partial(buffer_put, client, payloads[part], c, args.put_batch),
                         "write": partial(
                             asyncio.to_thread,
                             in_threads,
@@ -281,7 +290,7 @@ async def run_rounds(  # noqa: PLR0913
                         "read": partial(
                             asyncio.to_thread, in_threads, raw_read, raw, keys[part], **threads
                         ),
-                        "noop_put": partial(buffer_put, noop, msgs[part], c, args.put_batch),
+                        "noop_put": partial(buffer_put, noop, payloads[part], c, args.put_batch),
                         "noop_claim": partial(buffer_claim_ack, noop, m, c, args.batch),
                     }
                     for name, phase in phases.items():

@@ -17,6 +17,7 @@ from services.buffer.service import BufferParts, BufferService, redis_password, 
 from services.buffer.store import RedisStore, connect
 from services.common.config import ConfigError, load_config
 from services.common.logs import setup_logging
+from services.common.malloc_tuning import tune_for_large_messages
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -72,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         n = asyncio.run(_export(parts, args.export, args.min_version, args.max_version))
         log.info("exported", extra={"groups": n, "path": args.export})
         return 0
+    if parts.buffer.tune_malloc:
+        log.info("malloc tuned for large messages", extra={"applied": tune_for_large_messages()})
     asyncio.run(_serve(parts))
     return 0
 

@@ -83,3 +83,9 @@ class BufferConfig(FlywheelModel):
     health_check_interval_s: float = Field(default=0.5, gt=0.0)
     """How often Redis is pinged; while it does not answer the buffer reports
     NOT_SERVING and RPCs get UNAVAILABLE."""
+
+    tune_malloc: bool = True
+    """Raise glibc's mmap and trim thresholds in the buffer process, so the megabytes of
+    every request reuse heap pages instead of faulting in fresh ones (see
+    `services/common/malloc_tuning.py`; costs up to 256 MiB of retained heap). Ignored
+    when `MALLOC_*_` environment variables are set."""
