@@ -92,8 +92,11 @@ class ServiceServer:
         self.port = port
         self.service_names = list(service_names)
         interceptors = [BearerTokenInterceptor(auth_token)] if auth_token else []
+        # No SO_REUSEPORT (gRPC sets it by default): a second server started on a taken port
+        # would otherwise bind too and silently take half of the new connections.
         self.server = grpc.aio.server(
-            interceptors=interceptors, options=message_size_options(max_message_bytes)
+            interceptors=interceptors,
+            options=[*message_size_options(max_message_bytes), ("grpc.so_reuseport", 0)],
         )
         self._health = health.aio.HealthServicer() if hasattr(health, "aio") else None
         if self._health is None:  # grpcio-health-checking without the aio servicer

@@ -76,6 +76,22 @@ async def test_health_serving_then_not_serving_on_drain_and_inflight_call_finish
         await stopping
 
 
+async def test_a_second_server_on_a_taken_port_fails_instead_of_sharing_it():
+    # gRPC binds with SO_REUSEPORT by default; then both would listen and split connections.
+    first, address = await _server()
+    second = ServiceServer("second")
+    second.port = first.port
+    try:
+        with pytest.raises(RuntimeError, match="could not bind|Failed to bind"):
+            await second.start()
+        async with make_channel(address) as ch:  # the first still gets every call
+            for _ in range(4):
+                assert await _echo(ch)(b"x", timeout=5) == b"x"
+    finally:
+        await first.stop(grace=0)
+        await second.server.stop(0)  # started only if the bind wrongly succeeded
+
+
 async def test_set_serving_false_is_visible_over_the_wire():
     srv, address = await _server()
     try:
