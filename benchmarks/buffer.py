@@ -439,6 +439,8 @@ def main() -> None:
         cmd = [sys.executable, "-m", "services.buffer", "--config", str(cfg)]
         proc = subprocess.Popen([*cmd, "--log-level", "WARNING"], cwd=ROOT)
         noop_port = free_port()
+        while noop_port == port:  # the buffer may not have bound its port yet
+            noop_port = free_port()
         shape = [str(args.samples), str(args.tokens)]
         noop = subprocess.Popen([sys.executable, __file__, "--noop-server", str(noop_port), *shape])
         try:
