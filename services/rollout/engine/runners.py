@@ -263,15 +263,10 @@ class NativeDecoderRunner:
             s.cache_len = len(s.tokens)
         return logits
 
-    def _norm(self, module: Any, x: torch.Tensor) -> torch.Tensor:
-        """RMSNorm; the fused kernel in float32 (same formula as HF's), the module otherwise."""
-        if x.dtype == torch.float32:
-            return F.rms_norm(x, (x.shape[-1],), module.weight, module.variance_epsilon)
-        return module(x)
-
     @staticmethod
     def _rms(norm: tuple[Any, torch.Tensor, float], x: torch.Tensor) -> torch.Tensor:
-        """`_norm` from the references cached by `refresh_weights`."""
+        """RMSNorm from the (module, weight, eps) cached by `refresh_weights`: the fused
+        kernel in float32 (same formula as HF's), the module otherwise."""
         module, weight, eps = norm
         if x.dtype == torch.float32:
             return F.rms_norm(x, (x.shape[-1],), weight, eps)
@@ -435,7 +430,7 @@ class NativeDecoderRunner:
         slots = torch.tensor([s.slot for s in seqs], device=dev)
         x = self.embed(ids)
         for i, layer in enumerate(self.layers):
-            q, k, v = self._attn_qkv(i, layer, self._norm(layer.input_layernorm, x), rope)
+            q, k, v = self._attn_qkv(i, layer, self._rms(self._ln[i][0], x), rope)
             for j, s in enumerate(seqs):
                 st, n = starts[j], lens[j]
                 self.k[i][s.slot, :, st : st + n] = k[j, :, :n]
@@ -443,7 +438,7 @@ class NativeDecoderRunner:
             keys, values = self.k[i][slots, :, :total], self.v[i][slots, :, :total]
             x = self._finish_layer(i, layer, x, self._sdpa(q, keys, values, mask))
         last = x[torch.arange(r, device=dev), torch.tensor(lens, device=dev) - 1]
-        return self.lm_head(self._norm(self.norm, last))
+        return F.linear(self._rms(self._final_ln, last), *self._head)
 
 
 def _fused_bias(linears: Sequence[torch.nn.Module]) -> torch.Tensor | None:
