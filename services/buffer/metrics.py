@@ -31,6 +31,8 @@ backpressure refusals) uses ordinary process-local instruments.
 | `flywheel_buffer_redis_up` | 1 while Redis answers | 0: buffer NOT_SERVING |
 | `flywheel_buffer_backpressure_total` | puts refused because the buffer was full | rising: trainer cannot keep up |
 | `flywheel_buffer_redis_lost_puts_total` | puts that Redis lost in a crash (put counter went back) | any: Redis lost its last writes |
+| `flywheel_buffer_read_cache_total{result}` | claimed groups whose bytes came from this replica's memory (hit) or Redis (miss) | many misses: `read_cache_bytes` too small, or puts go through another replica |
+| `flywheel_buffer_read_cache_bytes` | payload bytes held in this replica's read cache | (bounded by `buffer.read_cache_bytes`) |
 """
 
 from __future__ import annotations
@@ -171,6 +173,17 @@ class BufferMetrics:
         self.lost_puts = Counter(
             f"{P}_redis_lost_puts_total",
             "Puts Redis lost in a crash: its put counter went back below what we had seen.",
+            registry=registry,
+        )
+        self.read_cache = Counter(
+            f"{P}_read_cache_total",
+            "Claimed groups whose bytes came from this replica's memory (hit) or Redis (miss).",
+            ["result"],
+            registry=registry,
+        )
+        self.read_cache_bytes = Gauge(
+            f"{P}_read_cache_bytes",
+            "Payload bytes held in this replica's read cache.",
             registry=registry,
         )
 

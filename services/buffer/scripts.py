@@ -88,7 +88,8 @@ end
 
 # ARGV: P, gid, oldest_version, newest_version, n_traj, payload, reservation_id, eta,
 #       filtered(0|1), max_groups, max_bytes, tomb_ttl_s
-# -> {code, version, ...}: admitted | duplicate(st, why) | stale | filtered | full(groups, bytes)
+# -> {code, version, ...}: admitted(member) | duplicate(st, why) | stale | filtered
+#    | full(groups, bytes)
 PUT = (
     PRELUDE
     + r"""
@@ -135,7 +136,7 @@ redis.call('HINCRBY', CTR, 'put', 1)
 redis.call('HINCRBY', CTR, 'admitted', 1)
 redis.call('HINCRBY', CTR, 'accepted', 1)
 redis.call('HINCRBY', CTR, 'stored_bytes', #payload)
-return {'admitted', int(v)}
+return {'admitted', int(v), member}
 """
 )
 
@@ -163,9 +164,9 @@ return {'counted', int(v)}
 )
 
 # ARGV: P, consumer, n, eta, idle_ms, allow_partial(0|1), request_id, rq_ttl_s, tomb_ttl_s,
-#       retain, max_reply_bytes
+#       retain, max_reply_bytes, with_payloads(0|1)
 # -> {version, dropped_stale, redelivered, replayed(0|1), too_big_bytes,
-#     gid1, ov1, dc1, payload1, gid2, ...}
+#     gid1, ov1, dc1, member1, payload1 ('' without payloads), gid2, ...}
 # too_big_bytes > 0: the n groups at the head hold that many bytes, more than one reply may
 # carry; nothing was handed out (ask for fewer groups per claim).
 CLAIM = (
@@ -174,7 +175,7 @@ CLAIM = (
 local consumer, n, eta, idle_ms = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local allow_partial, rid = ARGV[6], ARGV[7]
 local rq_ttl, tomb_ttl, retain = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
-local max_reply = tonumber(ARGV[11])
+local max_reply, with_payloads = tonumber(ARGV[11]), ARGV[12] == '1'
 local now = now_ms()
 local v = version()
 local out = {int(v), 0, 0, 0, 0}
@@ -183,11 +184,12 @@ local function hand_out(gid, again)
   redis.call('ZADD', INFLIGHT, int(now), gid)
   redis.call('HSET', g, 'st', 'in_flight', 'c', consumer)
   if not again then redis.call('HINCRBY', g, 'dc', 1) end
-  local f = redis.call('HMGET', g, 'ov', 'dc', 'd')
+  local f = redis.call('HMGET', g, 'ov', 'dc', 'm')
   table.insert(out, gid)
   table.insert(out, f[1])
   table.insert(out, f[2])
-  table.insert(out, f[3] or '')
+  table.insert(out, f[3])
+  table.insert(out, with_payloads and (redis.call('HGET', g, 'd') or '') or '')
 end
 -- A retried claim (same request_id) gets the same groups again, if they are still its own.
 if rid ~= '' then

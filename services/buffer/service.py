@@ -187,6 +187,7 @@ class BufferService:
                 max_head_offpolicyness=p.rollout.max_head_offpolicyness,
                 replay=bool(self.replay_path),
                 tokenizer_path=b.tokenizer_path,
+                read_cache_bytes=b.read_cache_bytes,
             ),
             group_filter=self.group_filter,
             on_redis_error=self._on_redis_error,

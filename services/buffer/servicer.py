@@ -15,7 +15,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -29,6 +29,7 @@ from services.buffer import wire
 from services.buffer.export import export_jsonl
 from services.buffer.filters import GroupFilter
 from services.buffer.metrics import BufferMetrics
+from services.buffer.payload_cache import PayloadCache
 from services.buffer.store import ClaimedGroup, PutItem, PutOutcome, RedisStore, StatsSnapshot
 from services.buffer.validate import fast_versions
 from services.common.codec import CodecError, CodecLimits, group_from_proto
@@ -71,6 +72,7 @@ class ServicerSettings:
     max_head_offpolicyness: int = 0
     replay: bool = False
     tokenizer_path: str | None = None
+    read_cache_bytes: int = 0
 
 
 def _rpc(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
@@ -141,6 +143,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         self._max_put_seen = 0
         self.lost_puts_detected = 0
         self._snapshot_lock = asyncio.Lock()
+        self.cache = PayloadCache(settings.read_cache_bytes)
 
     # -- helpers -------------------------------------------------------------------------
     async def _notify_arrival(self) -> None:
@@ -283,10 +286,13 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
 
     async def _store_puts(self, items: list[PutItem]) -> list[PutOutcome]:
         outcomes = await self.store.put_many(items)
-        for outcome in outcomes:
+        for item, outcome in zip(items, outcomes, strict=True):
             self.metrics.put_results.labels(outcome.result).inc()
             if outcome.result == "full":
                 self.metrics.backpressure.inc()
+            elif outcome.result == "admitted" and self.cache.enabled:
+                self.cache.add(item.group_id, outcome.member, item.payload)
+        self.metrics.read_cache_bytes.set(self.cache.bytes)
         if any(o.result == "admitted" for o in outcomes):
             await self._notify_arrival()
         return outcomes
@@ -388,7 +394,9 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
                 n_groups=request.n_groups - len(served),
                 allow_partial=filtering or (last_try and request.allow_partial),
                 request_id="" if filtering else request.request_id,
+                with_payloads=not self.cache.enabled,
             )
+            out_groups = await self._with_payloads(out.groups)
             version = out.version
             dropped_stale += out.dropped_stale
             if out.too_big_bytes:
@@ -402,14 +410,14 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
                 )
             if filtering:
                 try:
-                    kept = await self._filter_claimed(out.groups)
+                    kept = await self._filter_claimed(out_groups)
                 except RpcFailure:  # the filter failed: give everything back untouched
-                    held = [g.group_id for g in [*served, *out.groups]]
+                    held = [g.group_id for g in [*served, *out_groups]]
                     await self.store.unclaim(held, request.consumer_id)
                     raise
                 served.extend(kept)
             else:
-                served.extend(out.groups)
+                served.extend(out_groups)
             if out.replayed or len(served) >= request.n_groups or (served and not filtering):
                 break
             if filtering and len(out.groups) > 0:
@@ -426,11 +434,29 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         # around them instead of parsing and re-serializing megabytes (see `register`).
         return wire.encode_claim_response(version, dropped_stale, [g.payload for g in served])
 
+    async def _with_payloads(self, groups: list[ClaimedGroup]) -> list[ClaimedGroup]:
+        """Fill in payloads the claim script did not send: from the cache, else from Redis.
+        A group whose bytes are gone from Redis as well was retired since the script handed
+        it out (redelivered to and acked by another consumer): it is no longer this
+        consumer's to train on, so it is left out."""
+        if not groups or all(g.payload is not None for g in groups):
+            return groups
+        found = {g.group_id: self.cache.get(g.group_id, g.member) for g in groups}
+        missing = [gid for gid, payload in found.items() if payload is None]
+        self.metrics.read_cache.labels("hit").inc(len(groups) - len(missing))
+        if missing:
+            self.metrics.read_cache.labels("miss").inc(len(missing))
+            found.update(zip(missing, await self.store.fetch_payloads(missing), strict=True))
+        return [
+            replace(g, payload=found[g.group_id]) for g in groups if found[g.group_id] is not None
+        ]
+
     async def _filter_claimed(self, groups: list[ClaimedGroup]) -> list[ClaimedGroup]:
         """Apply the filter to claimed groups; rejected ones are dropped as `filtered`."""
         keep: list[ClaimedGroup] = []
         reject: list[str] = []
         for g in groups:
+            assert g.payload is not None  # filled in by _with_payloads
             decoded = group_from_proto(
                 common_pb2.TrajectoryGroup.FromString(g.payload), self.settings.codec_limits
             )
@@ -439,6 +465,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
             else:
                 reject.append(g.group_id)
         if reject:
+            self.cache.discard(reject)
             await self.store.drop_claimed(reject, "filtered")
         return keep
 
@@ -447,7 +474,10 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         ids = list(request.group_ids)
         _require(len(ids) <= MAX_IDS_PER_CALL, "group_ids", f"at most {MAX_IDS_PER_CALL}")
         _require(all(ids), "group_ids", "must not contain empty ids")
-        return buffer_pb2.AckResponse(acked=await self.store.ack(ids))
+        acked = await self.store.ack(ids)
+        self.cache.discard(ids)
+        self.metrics.read_cache_bytes.set(self.cache.bytes)
+        return buffer_pb2.AckResponse(acked=acked)
 
     # -- version -------------------------------------------------------------------------
     @_rpc

@@ -66,7 +66,8 @@ class StoreSettings:
 
 @dataclass(frozen=True)
 class PutOutcome:
-    """`result` is one of admitted, duplicate, stale, filtered, full."""
+    """`result` is one of admitted, duplicate, stale, filtered, full; `member` (admitted
+    only) is the group's pending-set member, unique to this admission."""
 
     result: str
     version: int
@@ -74,6 +75,7 @@ class PutOutcome:
     previous_reason: str = ""
     stored_groups: int = 0
     stored_bytes: int = 0
+    member: str = ""
 
 
 @dataclass(frozen=True)
@@ -95,15 +97,20 @@ def _put_outcome(r: Any) -> PutOutcome:
         return PutOutcome(code, version, _s(r[2]), _s(r[3]))
     if code == "full":
         return PutOutcome(code, version, stored_groups=int(r[2]), stored_bytes=int(r[3]))
+    if code == "admitted":
+        return PutOutcome(code, version, member=_s(r[2]))
     return PutOutcome(code, version)
 
 
 @dataclass(frozen=True)
 class ClaimedGroup:
+    """`payload` is None when the claim asked for none (the caller holds the bytes)."""
+
     group_id: str
     oldest_version: int
     deliveries: int
-    payload: bytes
+    member: str
+    payload: bytes | None
 
 
 @dataclass(frozen=True)
@@ -357,6 +364,7 @@ class RedisStore:
         n_groups: int,
         allow_partial: bool,
         request_id: str = "",
+        with_payloads: bool = True,
     ) -> ClaimOutcome:
         s = self.settings
         r = await self._run(
@@ -371,15 +379,17 @@ class RedisStore:
             s.tombstone_ttl_s,
             s.retain_acked_groups,
             s.max_reply_bytes,
+            "1" if with_payloads else "0",
         )
         groups = [
             ClaimedGroup(
                 group_id=_s(r[i]),
                 oldest_version=int(r[i + 1]),
                 deliveries=int(r[i + 2]),
-                payload=bytes(r[i + 3]),
+                member=_s(r[i + 3]),
+                payload=bytes(r[i + 4]) if with_payloads else None,
             )
-            for i in range(5, len(r), 4)
+            for i in range(5, len(r), 5)
         ]
         return ClaimOutcome(
             version=int(r[0]),
@@ -389,6 +399,16 @@ class RedisStore:
             too_big_bytes=int(r[4]),
             groups=groups,
         )
+
+    async def fetch_payloads(self, group_ids: Sequence[str]) -> list[bytes | None]:
+        """The stored bytes of each group, in one round trip; None where a group holds none
+        any more (retired since it was claimed, e.g. redelivered and acked elsewhere)."""
+        if not group_ids:
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for gid in group_ids:
+                pipe.hget(self._gkey(gid), "d")
+            return [None if d is None else bytes(d) for d in await pipe.execute()]
 
     async def ack(self, group_ids: Sequence[str]) -> int:
         if not group_ids:

@@ -430,3 +430,86 @@ async def test_a_failing_user_filter_answers_internal_and_loses_nothing(make_buf
     assert err.value.code() == grpc.StatusCode.INTERNAL
     assert "RuntimeError: boom on g" in err.value.details()
     assert s.invariant_ok
+
+
+def read_cache_counts(service) -> tuple[float, float]:  # noqa: ANN001 - a BufferService
+    """(hits, misses) of the replica's payload cache, from its own metrics."""
+    get = service.registry.get_sample_value
+    return tuple(
+        get("flywheel_buffer_read_cache_total", {"result": r}) or 0.0 for r in ("hit", "miss")
+    )
+
+
+async def test_claims_come_from_memory_where_it_holds_the_bytes_and_from_redis_elsewhere(
+    make_buffer,
+) -> None:
+    """Three replicas on one Redis: A took the puts (claims hit its cache), B has the cache
+    off (the claim script carries the bytes), C never saw the puts (misses, read from Redis).
+    All three serve exactly the bytes that were put."""
+    a_service, a = await make_buffer()
+    b_service, b = await make_buffer(buffer={"read_cache_bytes": 0})
+    c_service, c = await make_buffer()
+    groups = [make_group(f"g{i}", version=0) for i in range(6)]
+    await a.put_many(groups)
+    held = a_service.registry.get_sample_value("flywheel_buffer_read_cache_bytes")
+    sizes = [len(group_to_proto(g).SerializeToString()) for g in groups]
+    assert held == sum(sizes)
+    served = []
+    for client, consumer in ((a, "ta"), (b, "tb"), (c, "tc")):
+        out = await client.claim(2, consumer_id=consumer)
+        served += out.groups
+        assert await client.ack(out.group_ids, consumer_id=consumer) == 2
+    for sent, got in zip(groups, served, strict=True):
+        assert_groups_equal(sent, got)
+    assert read_cache_counts(a_service) == (2.0, 0.0)
+    assert read_cache_counts(b_service) == (0.0, 0.0)
+    assert read_cache_counts(c_service) == (0.0, 2.0)
+    # A forgets what it acked; what others acked ages out by the byte bound.
+    assert a_service.registry.get_sample_value("flywheel_buffer_read_cache_bytes") == sum(sizes[2:])
+    s = await a.stats()
+    assert (s.put_total, s.acked_total, s.pending, s.in_flight) == (6, 6, 0, 0)
+    assert s.invariant_ok
+
+
+async def test_a_reused_group_id_is_not_served_the_bytes_of_its_earlier_admission(
+    make_buffer,
+) -> None:
+    """A caches `g`; `g` is acked through B, its tombstone expires, and a different `g` is
+    put through B. A's claim must serve the new bytes (the admission differs: a miss)."""
+    a_service, a = await make_buffer()
+    _, b = await make_buffer()
+    old = make_group("g", version=0, rewards=(0.0, 1.0))
+    new = make_group("g", version=0, rewards=(1.0, 1.0, 0.5))
+    await a.put(old)
+    out = await b.claim(1, consumer_id="tb")
+    await b.ack(out.group_ids, consumer_id="tb")
+    store = a_service.store
+    await store.redis.delete(store._gkey("g"))  # noqa: SLF001 - as buffer.tombstone_ttl_s would
+    assert (await b.put(new)).result == "admitted"
+    got = await a.claim(1, consumer_id="ta")
+    assert len(got.groups) == 1
+    assert_groups_equal(new, got.groups[0])
+    assert read_cache_counts(a_service) == (0.0, 1.0)
+
+
+async def test_a_group_retired_between_its_claim_and_the_read_of_its_bytes_is_left_out(
+    make_buffer,
+) -> None:
+    """The race the two-step claim opens: the script hands a group out, then (redelivered and
+    acked by another consumer) its bytes are gone before they are read. It is not served."""
+    service, _ = await make_buffer(buffer={"read_cache_bytes": 1})  # too small to hold any
+    store, servicer = service.store, service.servicer
+    for gid in ("kept", "gone"):
+        await store.put(
+            group_id=gid,
+            oldest_version=0,
+            newest_version=0,
+            n_trajectories=1,
+            payload=f"bytes of {gid}".encode(),
+        )
+    out = await store.claim(consumer_id="t", n_groups=2, allow_partial=False, with_payloads=False)
+    assert [g.payload for g in out.groups] == [None, None]
+    assert await store.ack(["gone"]) == 1
+    filled = await servicer._with_payloads(out.groups)  # noqa: SLF001
+    assert [(g.group_id, g.payload) for g in filled] == [("kept", b"bytes of kept")]
+    assert read_cache_counts(service) == (0.0, 2.0)

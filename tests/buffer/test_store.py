@@ -371,3 +371,24 @@ async def test_invariant_holds_at_every_instant_under_concurrency(make_store) ->
     assert s.admitted == results.count("admitted") == s.acked + s.dropped["stale_at_claim"]
     assert (s.pending, s.in_flight, s.stored_bytes) == (0, 0, 0)
     assert s.invariant_ok and audits > 0
+
+
+async def test_a_claim_without_payloads_names_the_admission_and_redis_still_has_the_bytes(
+    make_store,
+) -> None:
+    store = make_store()
+    outcomes = {gid: await put(store, gid) for gid in "ab"}
+    assert outcomes["a"].member != outcomes["b"].member and outcomes["a"].member.endswith(":a")
+    out = await store.claim(consumer_id="t", n_groups=2, allow_partial=False, with_payloads=False)
+    assert [(g.group_id, g.member, g.payload) for g in out.groups] == [
+        (gid, outcomes[gid].member, None) for gid in "ab"
+    ]
+    assert await store.fetch_payloads(["a", "b"]) == [b"payload-of-a", b"payload-of-b"]
+    assert await store.ack(["a"]) == 1
+    assert await store.fetch_payloads(["a", "b", "never-put"]) == [None, b"payload-of-b", None]
+    with_bytes = make_store(claim_idle_ms=1)
+    await asyncio.sleep(0.01)
+    again = await with_bytes.claim(consumer_id="u", n_groups=1, allow_partial=False)
+    assert [(g.group_id, g.member, g.payload) for g in again.groups] == [
+        ("b", outcomes["b"].member, b"payload-of-b")
+    ]

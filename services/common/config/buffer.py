@@ -84,6 +84,12 @@ class BufferConfig(FlywheelModel):
     """How often Redis is pinged; while it does not answer the buffer reports
     NOT_SERVING and RPCs get UNAVAILABLE."""
 
+    read_cache_bytes: int = Field(default=256 << 20, ge=0)
+    """Keep the payloads of groups put through this replica in its memory, up to this
+    many bytes, so that a claim is answered without reading the bytes back out of Redis
+    (see `services/buffer/payload_cache.py`). Redis stays the only durable copy and decides
+    what is served; groups put elsewhere or evicted are read from Redis. 0 turns it off."""
+
     tune_malloc: bool = True
     """Raise glibc's mmap and trim thresholds in the buffer process, so the megabytes of
     every request reuse heap pages instead of faulting in fresh ones (see
