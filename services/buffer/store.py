@@ -31,7 +31,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError
 
-from services.buffer import scripts
+from services.buffer import resp, scripts
 
 log = logging.getLogger(__name__)
 
@@ -253,20 +253,18 @@ class RedisStore:
         per-group rules are unchanged, only the network and event-loop cost is shared."""
         if not items:
             return []
-        script = self._scripts["put"]
-        if len(items) == 1:
-            replies = [await script(keys=[], args=[self.prefix, *self._put_args(items[0])])]
-        else:
-            replies = await self._evalsha_pipelined(
-                script, [(self.prefix, *self._put_args(item)) for item in items]
-            )
+        replies = await self._evalsha_pipelined(
+            self._scripts["put"], [(self.prefix, *self._put_args(item)) for item in items]
+        )
         return [_put_outcome(r) for r in replies]
 
     async def _evalsha_pipelined(self, script: Any, arg_lists: list[tuple[Any, ...]]) -> list[Any]:
-        """One script run per argument list, in one round trip. redis-py's own pipelining of
-        scripts asks SCRIPT EXISTS before every execute, a second round trip; here a missing
-        script (a restarted or flushed Redis) is handled after the fact instead: a command
-        answered NOSCRIPT ran nothing, so exactly those are sent again once it is loaded."""
+        """One script run per argument list, in one round trip, through the hand-written
+        RESP of `resp.py` (these pipelines carry the megabytes of every put). redis-py's own
+        pipelining of scripts asks SCRIPT EXISTS before every execute, a second round trip;
+        here a missing script (a restarted or flushed Redis) is handled after the fact
+        instead: a command answered NOSCRIPT ran nothing, so exactly those are sent again
+        once it is loaded."""
         replies = await self._evalsha_batch(script.sha, arg_lists)
         missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
         if missing:
@@ -280,10 +278,7 @@ class RedisStore:
         return replies
 
     async def _evalsha_batch(self, sha: str, arg_lists: list[tuple[Any, ...]]) -> list[Any]:
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for args in arg_lists:
-                pipe.evalsha(sha, 0, *args)
-            return list(await pipe.execute(raise_on_error=False))
+        return await resp.run_pipeline(self.redis, [("EVALSHA", sha, 0, *a) for a in arg_lists])
 
     def _put_args(self, item: PutItem) -> tuple[Any, ...]:
         s = self.settings
