@@ -19,7 +19,10 @@ phases run back to back would let it land on one side only (measured: raw writes
 - raw read: redis-py pipelines GETting and DELeting them, as the writes;
 - no-op put and claim+ack: the same client calls against a gRPC server that only answers
   (`--noop-server`, its own process, malloc tuned as the buffer's): what the gRPC hop alone
-  costs in Python.
+  costs in Python;
+- uncached put and claim+ack: a second buffer process, identical but for
+  `buffer.read_cache_bytes: 0`, so its claims read every payload back out of Redis
+  (`throughput_ratio_read_cache_off`): what the read cache is worth, in the same run.
 
 Throughput is what a system sustains, so each phase counts at the concurrency where it is
 fastest (the buffer gains from requests in flight; redis-py does not, its parsing holds the
@@ -27,7 +30,10 @@ GIL). `throughput_ratio_vs_raw_redis` is the median over rounds of the round-tri
 (put, then claim and ack: 1 / (1/put + 1/claim)) divided by raw Redis's (write, then read).
 `ratio_ceiling_serial` is the ratio a buffer would reach if it cost nothing but its gRPC
 hop (the no-op round trip) and then the raw Redis work, one after the other: on a machine
-with fewer cores than processes in the path that is close to an upper bound. Latencies are
+with fewer cores than processes in the path that is close to an upper bound for a buffer
+that reads its payloads from Redis (the uncached one); the default buffer's claims skip that
+read when its cache holds the bytes, as here, where every group is claimed through the
+buffer it was put through, seconds later, as in a deployment with one buffer. Latencies are
 at the lowest concurrency. Because shared machines are noisy, the CPU time each path costs
 per group (client, buffer, redis-server and no-op server processes, from /proc) is reported
 too; it does not depend on other load. Prints one JSON line.
@@ -233,12 +239,22 @@ def round_trip(a: float, b: float) -> float:
     return 1.0 / (1.0 / a + 1.0 / b)
 
 
-PHASES = ("put", "write", "claim", "read", "noop_put", "noop_claim")
+PHASES = (
+    "put",
+    "write",
+    "claim",
+    "read",
+    "noop_put",
+    "noop_claim",
+    "uncached_put",
+    "uncached_claim",
+)
 
 
 async def run_rounds(  # noqa: PLR0913
     address: str,
     noop_address: str,
+    uncached_address: str,
     redis_url: str,
     pids: list[int],
     base: list,
@@ -257,10 +273,12 @@ async def run_rounds(  # noqa: PLR0913
     async with (
         BufferClient(address, timeout=60) as client,
         BufferClient(noop_address, timeout=60) as noop,
+        BufferClient(uncached_address, timeout=60) as uncached,
     ):
         warm = [_renamed(base[0], "warm").SerializeToString()]
-        await buffer_put(client, warm, 1, 1)  # channel and scripts warm
-        await buffer_claim_ack(client, 1, 1, 1)
+        for buffer in (client, uncached):  # channels and scripts warm
+            await buffer_put(buffer, warm, 1, 1)
+            await buffer_claim_ack(buffer, 1, 1, 1)
         for rnd in range(args.rounds):
             seconds = dict.fromkeys(keys_, 0.0)
             cpu_used = {k: np.zeros(len(pids) + 1) for k in keys_}
@@ -292,6 +310,10 @@ async def run_rounds(  # noqa: PLR0913
                         ),
                         "noop_put": partial(buffer_put, noop, payloads[part], c, args.put_batch),
                         "noop_claim": partial(buffer_claim_ack, noop, m, c, args.batch),
+                        "uncached_put": partial(
+                            buffer_put, uncached, payloads[part], c, args.put_batch
+                        ),
+                        "uncached_claim": partial(buffer_claim_ack, uncached, m, c, args.batch),
                     }
                     for name, phase in phases.items():
                         c0, t0 = cpu_seconds(pids), time.perf_counter()
@@ -305,9 +327,10 @@ async def run_rounds(  # noqa: PLR0913
             for k in keys_:
                 rates[k].append(n / seconds[k])
                 cpu[k].append(cpu_used[k] / n)
-        stats = await client.stats()
-        assert stats.invariant_ok and stats.pending == stats.in_flight == 0
-        assert stats.acked_total == args.rounds * n * len(args.concurrency) + 1
+        for buffer in (client, uncached):
+            stats = await buffer.stats()
+            assert stats.invariant_ok and stats.pending == stats.in_flight == 0
+            assert stats.acked_total == args.rounds * n * len(args.concurrency) + 1
     raw.close()
     return {"rates": rates, "cpu": cpu, "put_lat": put_lat, "claim_lat": claim_lat}
 
@@ -324,10 +347,14 @@ def summarize(res: dict, args, base: list, *, with_redis: bool) -> dict:  # noqa
     def best(phase: str, i: int) -> float:
         return max(r[phase, lv][i] for lv in levels)
 
-    ratios = [
-        round_trip(best("put", i), best("claim", i)) / round_trip(best("write", i), best("read", i))
-        for i in rounds
-    ]
+    def ratios_of(put: str, claim: str) -> list[float]:
+        return [
+            round_trip(best(put, i), best(claim, i)) / round_trip(best("write", i), best("read", i))
+            for i in rounds
+        ]
+
+    ratios = ratios_of("put", "claim")
+    uncached = ratios_of("uncached_put", "uncached_claim")
     ceilings = [
         round_trip(round_trip(best("noop_put", i), best("noop_claim", i)), rt) / rt
         for i in rounds
@@ -362,6 +389,9 @@ def summarize(res: dict, args, base: list, *, with_redis: bool) -> dict:  # noqa
         "raw_round_trip_groups_per_s": round(round_trip(rate["write"], rate["read"]), 1),
         "throughput_ratio_vs_raw_redis": round(med(ratios), 3),
         "throughput_ratio_per_round": [round(x, 3) for x in ratios],
+        "throughput_ratio_read_cache_off": round(med(uncached), 3),
+        "uncached_put_groups_per_s": round(rate["uncached_put"], 1),
+        "uncached_claim_ack_groups_per_s": round(rate["uncached_claim"], 1),
         "groups_per_s_by_concurrency": {
             str(lv): {p: round(med(r[p, lv]), 1) for p in PHASES} for lv in levels
         },
@@ -371,11 +401,61 @@ def summarize(res: dict, args, base: list, *, with_redis: bool) -> dict:  # noqa
         "raw_cpu_ms_per_group": round(raw_cpu, 3),
         "cpu_ratio_raw_vs_buffer": round(raw_cpu / buffer_cpu, 3),
         "cpu_ms_per_group": {
-            "processes": ["client", "buffer", *(["redis-server"] if with_redis else []), "noop"],
+            "processes": [
+                "client",
+                "buffer",
+                *(["redis-server"] if with_redis else []),
+                "noop",
+                "buffer_read_cache_off",
+            ],
             **{p: [round(float(x), 3) for x in v] for p, v in split.items()},
         },
         "load_average_1m": round(os.getloadavg()[0], 2),
     }
+
+
+def distinct_free_ports(n: int) -> list[int]:
+    """Ports for servers started at once: none may draw another's (it has not bound yet)."""
+    ports: list[int] = []
+    while len(ports) < n:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
+def write_buffer_config(  # noqa: PLR0913
+    tmp: Path,
+    name: str,
+    redis_url: str,
+    port: int,
+    args,
+    read_cache_bytes: int | None,  # noqa: ANN001
+) -> Path:
+    """A buffer config on the embedded defaults, but for its limits (a round must fit) and,
+    if given, its read cache."""
+    buffer: dict = {
+        "redis_url": redis_url,
+        "max_stored_groups": args.groups + 10,
+        "max_stored_bytes": 4 << 30,
+    }
+    if read_cache_bytes is not None:
+        buffer["read_cache_bytes"] = read_cache_bytes
+    cfg = tmp / f"buffer{name}.yaml"
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "experiment_name": "bench",
+                "trial_name": args.tag + name,
+                "cluster": {"fileroot": str(tmp)},
+                "actor": {"kl_ctl": 0.0},
+                "rollout": {"max_head_offpolicyness": 1000, "consumer_batch_size": args.batch},
+                "buffer": buffer,
+                "services": {"buffer": {"port": port}, "auth_token": None},
+            }
+        )
+    )
+    return cfg
 
 
 def main() -> None:
@@ -417,47 +497,33 @@ def main() -> None:
             rs = stack.enter_context(RedisServer(dir=Path(tmp) / "redis"))
             assert rs.proc is not None
             redis_url, redis_pids = rs.url, [rs.proc.pid]
-        port = free_port()
-        cfg = Path(tmp) / "buffer.yaml"
-        cfg.write_text(
-            yaml.safe_dump(
-                {
-                    "experiment_name": "bench",
-                    "trial_name": args.tag,
-                    "cluster": {"fileroot": tmp},
-                    "actor": {"kl_ctl": 0.0},
-                    "rollout": {"max_head_offpolicyness": 1000, "consumer_batch_size": args.batch},
-                    "buffer": {
-                        "redis_url": redis_url,
-                        "max_stored_groups": args.groups + 10,
-                        "max_stored_bytes": 4 << 30,
-                    },
-                    "services": {"buffer": {"port": port}, "auth_token": None},
-                }
+        port, uncached_port, noop_port = distinct_free_ports(3)
+        # The second buffer differs only in its read cache: what the cache is worth.
+        buffers = [
+            subprocess.Popen(
+                [sys.executable, "-m", "services.buffer", "--log-level", "WARNING", "--config"]
+                + [str(write_buffer_config(Path(tmp), name, redis_url, bport, args, cache))],
+                cwd=ROOT,
             )
-        )
-        cmd = [sys.executable, "-m", "services.buffer", "--config", str(cfg)]
-        proc = subprocess.Popen([*cmd, "--log-level", "WARNING"], cwd=ROOT)
-        noop_port = free_port()
-        while noop_port == port:  # the buffer may not have bound its port yet
-            noop_port = free_port()
+            for name, bport, cache in (("", port, None), ("-uncached", uncached_port, 0))
+        ]
         shape = [str(args.samples), str(args.tokens)]
         noop = subprocess.Popen([sys.executable, __file__, "--noop-server", str(noop_port), *shape])
+        addresses = [f"127.0.0.1:{p}" for p in (port, noop_port, uncached_port)]
         try:
-            asyncio.run(wait_for_health(f"127.0.0.1:{port}", timeout=60))
-            asyncio.run(wait_for_health(f"127.0.0.1:{noop_port}", timeout=60))
+            for address in addresses:
+                asyncio.run(wait_for_health(address, timeout=60))
             res = asyncio.run(
                 run_rounds(
-                    f"127.0.0.1:{port}",
-                    f"127.0.0.1:{noop_port}",
+                    *addresses,
                     redis_url,
-                    [proc.pid, *redis_pids, noop.pid],
+                    [buffers[0].pid, *redis_pids, noop.pid, buffers[1].pid],
                     base,
                     args,
                 )
             )
         finally:
-            for p in (proc, noop):
+            for p in (*buffers, noop):
                 p.terminate()
                 p.wait(timeout=30)
 
