@@ -377,6 +377,15 @@ def system() -> db.Dashboard:
                 ],
             )
         )
+        .with_panel(
+            ts(
+                "Claims served from memory",
+                "Claimed groups whose bytes came from the buffer's read cache (hit) or were read back from Redis (miss). Many misses: buffer.read_cache_bytes too small, or puts and claims go through different replicas.",
+                [(f"sum by (result) (rate({b}_read_cache_total[{RATE}]))", "{{result}}")],
+                unit="ops",
+                stacked=True,
+            )
+        )
         .with_row(db.Row("Rollout"))
         .with_panel(
             ts(

@@ -244,6 +244,7 @@ RULES = [
         "own ports",
     ),
     (("experiment_name=my/run",), "experiment_name", "my/run", "letters, digits"),
+    (("buffer.read_cache_bytes=-1",), "buffer.read_cache_bytes", -1, "0"),
 ]
 
 
