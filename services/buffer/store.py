@@ -104,13 +104,14 @@ def _put_outcome(r: Any) -> PutOutcome:
 
 @dataclass(frozen=True)
 class ClaimedGroup:
-    """`payload` is None when the claim asked for none (the caller holds the bytes)."""
+    """`payload` is None when the claim asked for none (the caller holds the bytes), and
+    may be a view into the request it was put with when it comes from the read cache."""
 
     group_id: str
     oldest_version: int
     deliveries: int
     member: str
-    payload: bytes | None
+    payload: bytes | memoryview | None
 
 
 @dataclass(frozen=True)

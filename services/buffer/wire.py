@@ -42,7 +42,7 @@ def varint(value: int) -> bytes:
             return bytes(out)
 
 
-def _field(key: int, payload: bytes) -> list[bytes]:
+def _field(key: int, payload: bytes | memoryview) -> list[bytes | memoryview]:
     return [bytes((key,)), varint(len(payload)), payload]
 
 
@@ -70,7 +70,9 @@ def encode_put_many(puts: Sequence[tuple[str, bytes]]) -> bytes:
     return b"".join(parts)
 
 
-def encode_claim_response(version: int, dropped_stale: int, payloads: Sequence[bytes]) -> bytes:
+def encode_claim_response(
+    version: int, dropped_stale: int, payloads: Sequence[bytes | memoryview]
+) -> bytes:
     """Wire bytes of `ClaimResponse(groups=payloads, version, dropped_stale)`; both numbers
     are never negative here."""
     parts: list[bytes] = []

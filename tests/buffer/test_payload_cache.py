@@ -19,9 +19,12 @@ def test_a_hit_needs_the_same_admission() -> None:
 def test_bytes_are_bounded_and_the_oldest_entries_go_first() -> None:
     cache = PayloadCache(10)
     for gid in "abc":
-        cache.add(gid, gid, b"xxxx")  # 4 bytes each: the third pushes out the first
+        cache.add(gid, gid, gid.encode() * 4)  # 4 bytes each: the third pushes out the first
     assert (len(cache), cache.bytes) == (2, 8)
-    assert cache.get("a", "a") is None and cache.get("b", "b") == cache.get("c", "c") == b"xxxx"
+    assert cache.get("a", "a") is None and (cache.get("b", "b"), cache.get("c", "c")) == (
+        b"bbbb",
+        b"cccc",
+    )
     cache.add("d", "d", b"y" * 10)  # exactly the bound: everything else goes
     assert (len(cache), cache.bytes) == (1, 10) and cache.get("d", "d") == b"y" * 10
 
@@ -46,13 +49,56 @@ def test_discard_replace_and_clear_keep_the_byte_count_exact() -> None:
     assert (len(cache), cache.bytes) == (0, 0)
 
 
-def test_a_view_is_copied_so_the_request_it_points_into_can_go() -> None:
+def test_a_view_into_something_mutable_is_copied() -> None:
     request = bytearray(b"....payload....")
     cache = PayloadCache(100)
     cache.add("g", "g", memoryview(request)[4:11])
     request[4:11] = b"changed"
     got = cache.get("g", "g")
-    assert type(got) is bytes and got == b"payload"
+    assert type(got) is bytes and got == b"payload" and cache.bytes == 7
+
+
+def test_views_into_one_request_share_it_and_count_it_once() -> None:
+    request = b"<envelope>" + b"A" * 30 + b"B" * 30 + b"</envelope>"
+    whole = memoryview(request)
+    a, b = whole[10:40], whole[40:70]
+    cache = PayloadCache(200)
+    cache.add("a", "a", a)
+    cache.add("b", "b", b)
+    got = cache.get("a", "a")
+    assert isinstance(got, memoryview) and got.obj is request and bytes(got) == b"A" * 30
+    assert cache.bytes == len(request)  # the whole request is held, once
+    cache.discard(["a"])
+    assert cache.bytes == len(request)  # "b" still holds it
+    cache.discard(["b"])
+    assert (len(cache), cache.bytes) == (0, 0)
+
+
+def test_eviction_frees_a_request_only_when_its_last_group_goes() -> None:
+    first, second = b"1" * 40, b"2" * 40
+    cache = PayloadCache(100)
+    for i in range(4):
+        cache.add(f"f{i}", "m", memoryview(first)[i * 10 : (i + 1) * 10])
+    assert cache.bytes == 40
+    cache.add("s0", "m", memoryview(second)[:10])
+    assert cache.bytes == 80
+    third = b"3" * 40  # 120 > 100: the oldest request goes, all four of its groups
+    cache.add("t0", "m", memoryview(third)[:10])
+    assert cache.bytes == 80 and len(cache) == 2
+    assert [cache.get(g, "m") is None for g in ("f0", "f3", "s0", "t0")] == [
+        True,
+        True,
+        False,
+        False,
+    ]
+
+
+def test_a_request_larger_than_the_bound_keeps_only_a_copy_of_the_group() -> None:
+    request = b"x" * 500
+    cache = PayloadCache(100)
+    cache.add("g", "g", memoryview(request)[:50])
+    got = cache.get("g", "g")
+    assert type(got) is bytes and len(got) == 50 and cache.bytes == 50
 
 
 def test_zero_turns_it_off_and_negative_is_refused() -> None:

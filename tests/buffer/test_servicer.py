@@ -453,7 +453,7 @@ async def test_claims_come_from_memory_where_it_holds_the_bytes_and_from_redis_e
     await a.put_many(groups)
     held = a_service.registry.get_sample_value("flywheel_buffer_read_cache_bytes")
     sizes = [len(group_to_proto(g).SerializeToString()) for g in groups]
-    assert held == sum(sizes)
+    assert sum(sizes) < held < sum(sizes) + 100 * len(groups)  # the PutMany request: + ids
     served = []
     for client, consumer in ((a, "ta"), (b, "tb"), (c, "tc")):
         out = await client.claim(2, consumer_id=consumer)
@@ -464,8 +464,9 @@ async def test_claims_come_from_memory_where_it_holds_the_bytes_and_from_redis_e
     assert read_cache_counts(a_service) == (2.0, 0.0)
     assert read_cache_counts(b_service) == (0.0, 0.0)
     assert read_cache_counts(c_service) == (0.0, 2.0)
-    # A forgets what it acked; what others acked ages out by the byte bound.
-    assert a_service.registry.get_sample_value("flywheel_buffer_read_cache_bytes") == sum(sizes[2:])
+    # A forgets what it acked, but the request stays held by the four groups acked
+    # elsewhere: those age out by the byte bound.
+    assert a_service.registry.get_sample_value("flywheel_buffer_read_cache_bytes") == held
     s = await a.stats()
     assert (s.put_total, s.acked_total, s.pending, s.in_flight) == (6, 6, 0, 0)
     assert s.invariant_ok
