@@ -143,7 +143,8 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         self._max_put_seen = 0
         self.lost_puts_detected = 0
         self._snapshot_lock = asyncio.Lock()
-        self.cache = PayloadCache(settings.read_cache_bytes)
+        # A replay buffer takes no puts: nothing would ever be found in a cache.
+        self.cache = PayloadCache(0 if settings.replay else settings.read_cache_bytes)
 
     # -- helpers -------------------------------------------------------------------------
     async def _notify_arrival(self) -> None:
@@ -394,7 +395,9 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
                 n_groups=request.n_groups - len(served),
                 allow_partial=filtering or (last_try and request.allow_partial),
                 request_id="" if filtering else request.request_id,
-                with_payloads=not self.cache.enabled,
+                # An empty cache (off, just restarted, or a replica that takes no puts) would
+                # miss every group: then the script sends the bytes, in the same round trip.
+                with_payloads=len(self.cache) == 0,
             )
             out_groups = await self._with_payloads(out.groups)
             version = out.version
@@ -435,10 +438,11 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         return wire.encode_claim_response(version, dropped_stale, [g.payload for g in served])
 
     async def _with_payloads(self, groups: list[ClaimedGroup]) -> list[ClaimedGroup]:
-        """Fill in payloads the claim script did not send: from the cache, else from Redis.
-        A group whose bytes are gone from Redis as well was retired since the script handed
-        it out (redelivered to and acked by another consumer): it is no longer this
-        consumer's to train on, so it is left out."""
+        """Fill in payloads the claim script did not send: from the cache, else from Redis
+        (one round trip for all misses). A group whose bytes are gone from Redis as well was
+        retired since the script handed it out: redelivered to another consumer and acked
+        there, which needs `buffer.claim_idle_ms` shorter than that round trip. It is no
+        longer this consumer's to train on, so it is left out (the batch comes short)."""
         if not groups or all(g.payload is not None for g in groups):
             return groups
         found = {g.group_id: self.cache.get(g.group_id, g.member) for g in groups}

@@ -401,10 +401,13 @@ class RedisStore:
         any more (retired since it was claimed, e.g. redelivered and acked elsewhere)."""
         if not group_ids:
             return []
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for gid in group_ids:
-                pipe.hget(self._gkey(gid), "d")
-            return [None if d is None else bytes(d) for d in await pipe.execute()]
+        replies = await resp.run_pipeline(
+            self.redis, [("HGET", self._gkey(gid), "d") for gid in group_ids]
+        )
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies
 
     async def ack(self, group_ids: Sequence[str]) -> int:
         if not group_ids:

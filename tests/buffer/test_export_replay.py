@@ -73,6 +73,7 @@ async def test_export_then_replay_serves_the_same_groups(make_buffer, tmp_path: 
         assert_groups_equal(got, groups[got.group_id])
 
     replay, rclient = await make_buffer(buffer={"replay_path": path})
+    assert not replay.servicer.cache.enabled  # no puts here: claims carry their own bytes
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await rclient.put(make_group("new"))
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION

@@ -443,32 +443,38 @@ def read_cache_counts(service) -> tuple[float, float]:  # noqa: ANN001 - a Buffe
 async def test_claims_come_from_memory_where_it_holds_the_bytes_and_from_redis_elsewhere(
     make_buffer,
 ) -> None:
-    """Three replicas on one Redis: A took the puts (claims hit its cache), B has the cache
-    off (the claim script carries the bytes), C never saw the puts (misses, read from Redis).
-    All three serve exactly the bytes that were put."""
+    """Four replicas on one Redis: A took the puts (claims hit its cache); B has the cache
+    off and D has it empty (the claim script carries the bytes, nothing is looked up); C
+    holds only a group of its own (misses, read from Redis in a second round trip). All
+    serve exactly the bytes that were put."""
     a_service, a = await make_buffer()
     b_service, b = await make_buffer(buffer={"read_cache_bytes": 0})
     c_service, c = await make_buffer()
-    groups = [make_group(f"g{i}", version=0) for i in range(6)]
+    d_service, d = await make_buffer()
+    groups = [make_group(f"g{i}", version=0) for i in range(8)]
     await a.put_many(groups)
     held = a_service.registry.get_sample_value("flywheel_buffer_read_cache_bytes")
     sizes = [len(group_to_proto(g).SerializeToString()) for g in groups]
     assert sum(sizes) < held < sum(sizes) + 100 * len(groups)  # the PutMany request: + ids
+    own = make_group("c-own", version=0)
+    await c.put(own)  # arrives after A's groups: served after them
     served = []
-    for client, consumer in ((a, "ta"), (b, "tb"), (c, "tc")):
+    for client, consumer in ((a, "ta"), (b, "tb"), (c, "tc"), (d, "td")):
         out = await client.claim(2, consumer_id=consumer)
         served += out.groups
         assert await client.ack(out.group_ids, consumer_id=consumer) == 2
     for sent, got in zip(groups, served, strict=True):
         assert_groups_equal(sent, got)
-    assert read_cache_counts(a_service) == (2.0, 0.0)
-    assert read_cache_counts(b_service) == (0.0, 0.0)
-    assert read_cache_counts(c_service) == (0.0, 2.0)
-    # A forgets what it acked, but the request stays held by the four groups acked
-    # elsewhere: those age out by the byte bound.
+    counts = [read_cache_counts(x) for x in (a_service, b_service, c_service, d_service)]
+    assert counts == [(2.0, 0.0), (0.0, 0.0), (0.0, 2.0), (0.0, 0.0)]
+    last = await c.claim(1, consumer_id="tc")
+    assert_groups_equal(own, last.groups[0])
+    assert read_cache_counts(c_service) == (1.0, 2.0)
+    # A forgets what it acked, but the request stays held by the groups acked elsewhere:
+    # those age out by the byte bound.
     assert a_service.registry.get_sample_value("flywheel_buffer_read_cache_bytes") == held
     s = await a.stats()
-    assert (s.put_total, s.acked_total, s.pending, s.in_flight) == (6, 6, 0, 0)
+    assert (s.put_total, s.acked_total, s.pending, s.in_flight) == (9, 8, 0, 1)
     assert s.invariant_ok
 
 
