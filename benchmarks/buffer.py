@@ -429,8 +429,8 @@ def write_buffer_config(  # noqa: PLR0913
     name: str,
     redis_url: str,
     port: int,
-    args,
-    read_cache_bytes: int | None,  # noqa: ANN001
+    args: argparse.Namespace,
+    read_cache_bytes: int | None,
 ) -> Path:
     """A buffer config on the embedded defaults, but for its limits (a round must fit) and,
     if given, its read cache."""
