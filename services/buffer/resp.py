@@ -23,6 +23,7 @@ future redis-py renames them.
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,6 +32,15 @@ from redis import exceptions as redis_errors
 
 Arg = bytes | memoryview | str | int
 _INLINE_MAX = 4096  # larger arguments are written as their own chunk, never copied
+
+
+def _pool_wants_a_command_name() -> bool:
+    """redis-py before 5.3 requires `get_connection(command_name)`; later ones deprecate it."""
+    param = inspect.signature(aioredis.ConnectionPool.get_connection).parameters.get("command_name")
+    return param is not None and param.default is inspect.Parameter.empty
+
+
+_GET_CONNECTION_ARGS = ("EVALSHA",) if _pool_wants_a_command_name() else ()
 
 
 def pack(args: Sequence[Arg]) -> list[bytes | memoryview]:
@@ -86,7 +96,7 @@ async def read_reply(reader: asyncio.StreamReader) -> Any:
 async def run_pipeline(client: aioredis.Redis, commands: Sequence[Sequence[Arg]]) -> list[Any]:
     """Send every command, then read every reply, on one pooled connection."""
     pool = client.connection_pool
-    conn = await pool.get_connection()
+    conn = await pool.get_connection(*_GET_CONNECTION_ARGS)
     done = False
     try:
         reader, writer = getattr(conn, "_reader", None), getattr(conn, "_writer", None)
