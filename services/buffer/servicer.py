@@ -145,6 +145,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         self._snapshot_lock = asyncio.Lock()
         # A replay buffer takes no puts: nothing would ever be found in a cache.
         self.cache = PayloadCache(0 if settings.replay else settings.read_cache_bytes)
+        metrics.read_cache_bytes.set_function(lambda: self.cache.bytes)  # read at scrape
 
     # -- helpers -------------------------------------------------------------------------
     async def _notify_arrival(self) -> None:
@@ -293,7 +294,6 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
                 self.metrics.backpressure.inc()
             elif outcome.result == "admitted" and self.cache.enabled:
                 self.cache.add(item.group_id, outcome.member, item.payload)
-        self.metrics.read_cache_bytes.set(self.cache.bytes)
         if any(o.result == "admitted" for o in outcomes):
             await self._notify_arrival()
         return outcomes
@@ -480,7 +480,6 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         _require(all(ids), "group_ids", "must not contain empty ids")
         acked = await self.store.ack(ids)
         self.cache.discard(ids)
-        self.metrics.read_cache_bytes.set(self.cache.bytes)
         return buffer_pb2.AckResponse(acked=acked)
 
     # -- version -------------------------------------------------------------------------

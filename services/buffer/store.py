@@ -187,6 +187,14 @@ class StatsSnapshot:
         return self.put == self.acked + self.dropped_total + self.pending + self.in_flight
 
 
+def _raise_errors(replies: list[Any]) -> list[Any]:
+    """Pipeline replies as they are, unless one is an error reply: then that is raised."""
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies
+
+
 def _s(x: bytes | str | int) -> str:
     return x.decode() if isinstance(x, bytes) else str(x)
 
@@ -273,10 +281,7 @@ class RedisStore:
             again = await self._evalsha_batch(script.sha, [arg_lists[i] for i in missing])
             for i, reply in zip(missing, again, strict=True):
                 replies[i] = reply
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
-        return replies
+        return _raise_errors(replies)
 
     async def _evalsha_batch(self, sha: str, arg_lists: list[tuple[Any, ...]]) -> list[Any]:
         return await resp.run_pipeline(self.redis, [("EVALSHA", sha, 0, *a) for a in arg_lists])
@@ -401,13 +406,11 @@ class RedisStore:
         any more (retired since it was claimed, e.g. redelivered and acked elsewhere)."""
         if not group_ids:
             return []
-        replies = await resp.run_pipeline(
-            self.redis, [("HGET", self._gkey(gid), "d") for gid in group_ids]
+        return _raise_errors(
+            await resp.run_pipeline(
+                self.redis, [("HGET", self._gkey(gid), "d") for gid in group_ids]
+            )
         )
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
-        return replies
 
     async def ack(self, group_ids: Sequence[str]) -> int:
         if not group_ids:
