@@ -5,9 +5,9 @@
 validates everything; any problem raises `ConfigError` naming the field path, the bad
 value and the fix. Importable without torch.
 
-Note for code that builds configs directly: AReaL's default `actor.kl_ctl` is 0.1, and a
-KL penalty needs a reference model, so a bare `FlywheelConfig()` is rejected. Use
-`load_config("examples/grpo.yaml")`, or pass `actor={"kl_ctl": 0.0}` (or a `ref`).
+A bare `FlywheelConfig()` is valid: `actor.kl_ctl` defaults to 0 (AReaL's 0.1 without a
+reference model is a surprisal bonus, not a KL penalty). A KL penalty (`kl_ctl > 0`) needs
+a `ref` with a path, and is rejected at load without one.
 """
 
 from ._base import FlywheelModel, RuleViolation

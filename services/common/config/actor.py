@@ -417,9 +417,11 @@ class PPOActorConfig(TrainEngineConfig):
     """Fewest surviving samples a group needs to be trained on after failures/filters;
     null: 2 when a norm works at group level, else 1."""
 
-    kl_ctl: float = Field(default=0.1, ge=0.0)
-    """Coefficient of the KL penalty against the reference model (`ref`). Flywheel: > 0
-    requires a `ref` with a path (AReaL silently turns it into a surprisal bonus)."""
+    kl_ctl: float = Field(default=0.0, ge=0.0)
+    """Coefficient of the KL penalty against the reference model (`ref`); > 0 requires a
+    `ref` with a path. Default 0, where AReaL's is 0.1: AReaL builds a reference model only
+    when `ref` is set, and without one takes the KL against zeros (a surprisal bonus), so
+    its default 0.1 with no `ref` is no KL penalty either; its examples all set 0.0."""
 
     kl_estimator: Literal["k1", "k2", "k3"] = "k1"
     """KL estimator used for the reward penalty."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
@@ -19,6 +20,15 @@ from .services import ServicesConfig
 from .trainer import TrainerConfig
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "[::]", ""})
+
+
+def _replicas_have_own_addresses(endpoint: Any) -> bool:
+    """Rollout replicas on one port (`port_stride: 0`) that bind a wildcard address: each
+    runs in its own network namespace (a pod, a container; the Helm chart and the
+    Kubernetes launcher pass `services.rollout.host=0.0.0.0` to the replica they start), so
+    they cannot take each other's port. On one named or loopback host they would."""
+    return endpoint.port_stride == 0 and endpoint.replica_host(1) in _WILDCARD_HOSTS
 
 
 class ClusterSpecConfig(FlywheelModel):
@@ -159,6 +169,8 @@ class FlywheelConfig(FlywheelModel):
         for name in ("rollout", "reward", "buffer", "trainer"):
             endpoint = getattr(self.services, name)
             count = self.rollout.n_replicas if name == "rollout" else 1
+            if name == "rollout" and _replicas_have_own_addresses(endpoint):
+                count = 1  # replica i binds the same port in its own pod or container
             for kind in ("port", "metrics_port"):
                 if getattr(endpoint, kind) == 0:
                     continue

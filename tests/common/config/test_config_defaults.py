@@ -129,7 +129,6 @@ AREAL_DEFAULTS: dict[type[BaseModel], dict[str, Any]] = {
         "gae_timestep_unit": "token",
         "adv_norm": None,
         "min_usable_group_size": None,
-        "kl_ctl": 0.1,
         "kl_estimator": "k1",
         "use_sapo_loss": False,
         "sapo_tau_pos": 1.0,
@@ -189,7 +188,7 @@ AREAL_DEFAULTS: dict[type[BaseModel], dict[str, Any]] = {
     ClusterSpecConfig: {"cluster_name": "local"},
 }
 
-# Root-level (BaseExperimentConfig) defaults; the root needs `actor.kl_ctl=0` to be valid.
+# Root-level (BaseExperimentConfig) defaults.
 AREAL_ROOT_DEFAULTS = {
     "seed": 1,
     "total_train_epochs": 1,
@@ -211,6 +210,16 @@ DEVIATIONS: dict[tuple[type[BaseModel], str], tuple[Any, Any, str]] = {
         "the critic block is always a value model",
     ),
     (ClusterSpecConfig, "fileroot"): ("/tmp/areal/", "/tmp/flywheel", "project name"),
+    # areal/trainer/rl_trainer.py builds the reference engine only when
+    # `actor.kl_ctl > 0 and ref is not None`; areal/trainer/ppo/actor.py
+    # (PPOActor.compute_advantages) then takes ref_logp = zeros, so with k1 the "KL reward"
+    # is -0.1 * (log pi_old - 0) = +0.1 * surprisal: a bonus, not a penalty. Every
+    # examples/math/gsm8k_*.yaml of AReaL sets kl_ctl: 0.0.
+    (PPOActorConfig, "kl_ctl"): (
+        0.1,
+        0.0,
+        "AReaL's 0.1 without a reference model is a surprisal bonus; > 0 here needs `ref`",
+    ),
 }
 
 
@@ -232,7 +241,7 @@ def test_default_equals_areal(model: type[BaseModel], field: str, areal: Any) ->
 
 
 def test_root_defaults_equal_areal() -> None:
-    root = FlywheelConfig(actor={"kl_ctl": 0.0})
+    root = FlywheelConfig()
     for field, areal in AREAL_ROOT_DEFAULTS.items():
         assert getattr(root, field) == areal, field
 

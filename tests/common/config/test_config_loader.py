@@ -60,11 +60,17 @@ def test_legacy_key_in_the_file_gets_the_migration(tmp_path: Path) -> None:
     )
 
 
-def test_default_config_without_ref_is_rejected_by_the_kl_rule() -> None:
-    # AReaL's actor default kl_ctl=0.1 plus no reference model: the trap is closed even
-    # for a config that sets nothing.
+def test_the_config_with_no_file_loads_and_has_no_kl_penalty() -> None:
+    # Defaults are valid: kl_ctl defaults to 0 (see test_config_defaults DEVIATIONS).
+    cfg = load_config(None)
+    assert cfg.actor.kl_ctl == 0.0 and cfg.ref is None
+
+
+def test_a_kl_penalty_without_ref_is_still_rejected() -> None:
+    # An explicit kl_ctl > 0 with no reference model: AReaL would take the KL against
+    # zeros (areal/trainer/ppo/actor.py, ref_logp = zeros_like); here it is an error.
     with pytest.raises(ConfigError) as info:
-        load_config(None)
+        load_config(None, ["actor.kl_ctl=0.1"])
     assert info.value.paths == ["actor.kl_ctl"]
 
 

@@ -236,6 +236,17 @@ RULES = [
         50101,
         "own ports",
     ),
+    # one port for every replica (stride 0) on one loopback host: replica 1 takes 0's port
+    (
+        (
+            "rollout.n_replicas=2",
+            "services.rollout.port=50100",
+            "services.rollout.port_stride=0",
+        ),
+        "services.rollout.port",
+        50100,
+        "own ports",
+    ),
     # the metrics port of one service may not be another's gRPC port either
     (
         ("services.buffer.port=9000", "services.trainer.metrics_port=9000"),
@@ -279,6 +290,18 @@ def test_valid_variants_of_the_rules_load() -> None:
             "services.rollout.host=r-{i}",
         ),
         ("rollout.n_replicas=2", "services.rollout.port=50100", "services.reward.port=50102"),
+        # what a rollout pod of the Helm chart loads: the ConfigMap's per-replica DNS name,
+        # overridden by the pod's `services.rollout.host=0.0.0.0`; every pod has its own IP
+        (
+            "rollout.n_replicas=4",
+            "services.rollout.host=r-{i}.r-headless",
+            "services.rollout.port=50051",
+            "services.rollout.metrics_port=9400",
+            "services.rollout.port_stride=0",
+            "services.buffer.host=b",
+            "services.buffer.port=50051",
+            "services.rollout.host=0.0.0.0",
+        ),
     ]
     for overrides in ok:
         load_config(GRPO, overrides)
