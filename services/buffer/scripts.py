@@ -191,16 +191,42 @@ local function hand_out(gid, again)
   table.insert(out, f[3])
   table.insert(out, with_payloads and (redis.call('HGET', g, 'd') or '') or '')
 end
--- A retried claim (same request_id) gets the same groups again, if they are still its own.
+-- A retried claim (same request_id) gets the same groups again, if they are still its own
+-- and still fresh: the version may have moved since the first answer (a trainer that resumed
+-- from a checkpoint repeats the claim its dead predecessor made). Any stale one is dropped
+-- and the rest go back to pending, in their order, for the ordinary claim below.
+local stale_n = 0
 if rid ~= '' then
   local prev = redis.call('GET', rqkey('claim', rid))
   if prev then
-    out[4] = 1
+    local mine = {}
     for gid in string.gmatch(prev, '[^\n]+') do
-      local f = redis.call('HMGET', gkey(gid), 'st', 'c')
-      if f[1] == 'in_flight' and f[2] == consumer then hand_out(gid, true) end
+      local f = redis.call('HMGET', gkey(gid), 'st', 'c', 'ov')
+      if f[1] == 'in_flight' and f[2] == consumer then
+        if tonumber(f[3]) < v - eta then
+          redis.call('ZREM', INFLIGHT, gid)
+          retire(gid, 'dropped', 'stale_at_claim', now, tomb_ttl, 0)
+          stale_n = stale_n + 1
+        else
+          table.insert(mine, gid)
+        end
+      end
     end
-    return out
+    if stale_n == 0 then
+      out[4] = 1
+      for _, gid in ipairs(mine) do hand_out(gid, true) end
+      return out
+    end
+    for _, gid in ipairs(mine) do
+      local g = gkey(gid)
+      redis.call('ZREM', INFLIGHT, gid)
+      redis.call('ZADD', PENDING, redis.call('HGET', g, 'ov'), redis.call('HGET', g, 'm'))
+      redis.call('HSET', g, 'st', 'pending')
+      redis.call('HDEL', g, 'c')
+    end
+    if #mine > 0 then redis.call('HINCRBY', CTR, 'redelivered', #mine) end
+    out[3] = #mine
+    redis.call('DEL', rqkey('claim', rid))
   end
 end
 -- Redeliver claims idle longer than idle_ms (the consumer died or stalled): back to pending,
@@ -216,7 +242,7 @@ if idle_ms > 0 then
     redis.call('HDEL', gkey(gid), 'c')
   end
   if #expired > 0 then redis.call('HINCRBY', CTR, 'redelivered', #expired) end
-  out[3] = #expired
+  out[3] = out[3] + #expired
 end
 -- Stale at claim: pending is ordered by oldest version, so stale groups are at its head.
 local stale = redis.call('ZRANGEBYSCORE', PENDING, '-inf', '(' .. int(v - eta), 'LIMIT', 0, 10000)
@@ -225,11 +251,12 @@ for _, member in ipairs(stale) do
   redis.call('ZREM', PENDING, member)
   retire(gid, 'dropped', 'stale_at_claim', now, tomb_ttl, 0)
 end
-if #stale > 0 then
-  redis.call('HINCRBY', CTR, 'dropped:stale_at_claim', #stale)
-  redis.call('HINCRBY', CTR, 'accepted', -#stale)
+stale_n = stale_n + #stale
+if stale_n > 0 then
+  redis.call('HINCRBY', CTR, 'dropped:stale_at_claim', stale_n)
+  redis.call('HINCRBY', CTR, 'accepted', -stale_n)
 end
-out[2] = #stale
+out[2] = stale_n
 if redis.call('ZCARD', PENDING) < n and allow_partial ~= '1' then return out end
 local members = redis.call('ZRANGE', PENDING, 0, n - 1)
 local total = 0

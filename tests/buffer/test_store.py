@@ -172,6 +172,44 @@ async def test_retried_claim_returns_the_same_groups(make_store) -> None:
     assert (s.pending, s.in_flight, s.claimed) == (1, 2, 2)
 
 
+async def test_retried_claim_after_the_version_moved_drops_what_went_stale(make_store) -> None:
+    # A trainer claims at v1 (eta 1: oldest versions >= 0 are fresh), dies, and its successor
+    # resumes at v3 and repeats the claim: 'a' (ov 0), 'b' and 'c' (ov 1) are now older than
+    # v - eta = 2 and must not be served (issue 23: a token 3 versions old with eta 2);
+    # 'd' (ov 2) and 'e' (ov 3) are served by an ordinary claim instead.
+    store = make_store()
+    for gid, ov in (("a", 0), ("b", 1), ("c", 1), ("d", 2)):
+        await put(store, gid, ov)
+    await store.set_version(1)
+    first = await store.claim(consumer_id="t", n_groups=3, allow_partial=False, request_id="q")
+    assert [g.group_id for g in first.groups] == ["a", "b", "c"]
+    await store.set_version(3)
+    await put(store, "e", 3)
+    again = await store.claim(consumer_id="t", n_groups=2, allow_partial=False, request_id="q")
+    assert not again.replayed
+    assert again.dropped_stale == 3  # a, b, c: all older than 3 - 1 = 2
+    assert [g.group_id for g in again.groups] == ["d", "e"]
+    assert all(3 - g.oldest_version <= 1 for g in again.groups)
+    s = await store.stats()
+    assert s.dropped["stale_at_claim"] == 3 and s.in_flight == 2 and s.invariant_ok
+
+
+async def test_retried_claim_keeps_fresh_groups_and_refills_the_batch(make_store) -> None:
+    store = make_store(max_head_offpolicyness=2)
+    for gid, ov in (("a", 0), ("b", 2), ("c", 2)):
+        await put(store, gid, ov)
+    await store.set_version(2)
+    first = await store.claim(consumer_id="t", n_groups=2, allow_partial=False, request_id="q")
+    assert [g.group_id for g in first.groups] == ["a", "b"]
+    await store.set_version(3)  # 'a' (ov 0) is now older than 3 - 2 = 1; 'b' is fresh
+    again = await store.claim(consumer_id="t", n_groups=2, allow_partial=False, request_id="q")
+    assert (again.dropped_stale, again.redelivered) == (1, 1)
+    assert [g.group_id for g in again.groups] == ["b", "c"]  # b first: its place in the order
+    assert [g.deliveries for g in again.groups] == [2, 1]
+    s = await store.stats()
+    assert (s.pending, s.in_flight, s.redelivered) == (0, 2, 1) and s.invariant_ok
+
+
 async def test_redelivery_after_the_consumer_goes_idle(make_store) -> None:
     patient = make_store(claim_idle_ms=3_600_000)
     out = None
