@@ -145,6 +145,7 @@ async def spawn_worker(
         env.setdefault(var, "1")
     # Few malloc arenas: each one reserves address space, which RLIMIT_AS counts.
     env.setdefault("MALLOC_ARENA_MAX", "2")
+    env["FLYWHEEL_REWARD_SERVICE_PID"] = str(os.getpid())  # see worker._die_with_parent
     transport, protocol = await asyncio.get_running_loop().subprocess_exec(
         _WorkerProtocol,
         sys.executable,

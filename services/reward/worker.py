@@ -153,9 +153,17 @@ class Worker:
             print(f"reward worker: warm-up of {path} failed: {_describe(exc)}", file=sys.stderr)
 
 
+PARENT_PID_ENV = "FLYWHEEL_REWARD_SERVICE_PID"
+
+
 def _die_with_parent() -> None:
     """Ask Linux to SIGKILL this worker when the service dies (even by SIGKILL): a worker
-    stuck in a loop would otherwise outlive it, since it leads its own session."""
+    stuck in a loop would otherwise outlive it, since it leads its own session.
+
+    The service passes its pid in FLYWHEEL_REWARD_SERVICE_PID; a different parent pid
+    after the signal is armed means the service died first (the worker was re-parented).
+    Parent pid 1 alone proves nothing: in a container or a pod the service itself is pid 1.
+    Without the variable (a worker started by hand) the EOF on stdin still ends it."""
     try:
         import ctypes
 
@@ -164,7 +172,8 @@ def _die_with_parent() -> None:
         libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
     except (OSError, AttributeError):  # not Linux: the EOF on stdin still ends idle workers
         pass
-    if os.getppid() == 1:  # the service died before the line above ran
+    expected = os.environ.get(PARENT_PID_ENV, "")
+    if expected.isdigit() and os.getppid() != int(expected):  # the service died first
         os._exit(1)
 
 
