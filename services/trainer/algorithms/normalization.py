@@ -1,28 +1,32 @@
 """Mean/std normalisation of rewards and advantages (AReaL's `NormConfig`).
 
-    out = (x - baseline) / (std + eps)        (each part optional)
+    out = (x - mean) / (std + eps)        on valid elements, 0 on masked ones
 
-`mean_level` / `std_level` choose where the statistics come from:
+AReaL's semantics (AReaL 2.0 `areal/utils/data.py`, `Normalization`):
 
-* `batch`: every valid element of the batch counts once. For per-token inputs an element is
-  a token (standard advantage whitening); for per-sequence inputs (rewards) a sequence.
-  With a `process_group` the sums are all-reduced, so every data-parallel rank gets the
-  statistics of the global batch.
-* `group`: the sequences that share a group id (the samples of one prompt). Each sequence
-  counts once, through the mean of its valid tokens: this is the per-completion baseline
-  of GRPO, Dr.GRPO and RLOO. (AReaL weighs group statistics by token count, which biases
-  the baseline towards long completions when lengths differ; Flywheel does not.) Groups
-  must be whole on one rank, which the buffer guarantees.
-* `None`: no centring / no scaling.
+* **Elements.** Every valid element counts once: a sequence for per-sequence inputs
+  (rewards `[B]`), a token with mask 1 for per-token inputs (advantages `[B, T]` or packed
+  `[N]`), so a longer completion weighs more. `per_completion=True` (a Flywheel option)
+  makes each completion one element instead, through the mean of its valid tokens.
+* **mean** (`mean_level`): the mean of the valid elements of the batch (`batch`, all-reduced
+  over `process_group`) or of the element's prompt group (`group`); 0 when null. With
+  `mean_leave1out` each valid element's mean leaves out that one element:
+  (S - x) / (n - 1); masked elements get the plain mean, and a batch/group with at most one
+  valid element gets mean 0. A group of one sequence under leave-one-out is its own
+  baseline (mean = x, so the output is 0; AReaL 1.0.4 used mean 0 there and passed x
+  through; Flywheel follows 2.0).
+* **std** (`std_level`): the root mean square of (x - mean) over the valid elements of the
+  batch or group, with the *same per-element mean* that is subtracted (so with
+  `mean_level: null` it is the RMS around 0), n - 1 in the denominator when `std_unbiased`.
+  The std is 1 where it is undefined: one valid element (or none) when unbiased, none when
+  biased, and a group of one sequence when unbiased. `std_level: null` means std 1 and eps 0.
+* **Groups** come from per-sequence group ids (groups may be unequal after filtering);
+  without ids, consecutive runs of `group_size` sequences, and the rows after the last full
+  group belong to no group: their mean is 0 and their std 1 (AReaL divides them by eps,
+  the blow-up its own docstring warns about; see docs/algorithms.md).
+* A mask that sums to 0 returns the input unchanged (as float32).
 
-`mean_leave1out` centres each sequence on the mean of the *other* elements (its own tokens
-excluded at batch level, its own completion excluded at group level). A sequence with no
-peer (a group of one) has no baseline: its normalised value is 0, never a division by 0.
-The standard deviation is that of `x` at `std_level` (around that level's own mean), with
-`n - 1` when `std_unbiased`; a single element has std 0.
-
-Group boundaries come from per-sequence group ids (groups may be unequal after filtering);
-`group_size` is only a fixed-stride fallback when no ids are given.
+Statistics are accumulated in float64 (AReaL's `high_precision`); the output is float32.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from typing import Any, Literal, Protocol
 import torch
 from torch import Tensor
 
-from .layout import SeqLayout, check_per_seq, layout_of, seq_broadcast, seq_sum
+from .layout import check_per_seq, layout_of, seq_broadcast, seq_sum
 
 Level = Literal["batch", "group"] | None
 _LEVELS = ("batch", "group", None)
@@ -67,6 +71,7 @@ class NormSpec:
     std_unbiased: bool = True
     eps: float = 1e-5
     group_size: int = 1
+    per_completion: bool = False
 
 
 def group_index_from_ids(
@@ -77,8 +82,8 @@ def group_index_from_ids(
 ) -> Tensor:
     """Dense group index `[B]` (0..G-1, in order of first appearance) from per-sequence ids.
 
-    Without ids, consecutive runs of `group_size` sequences form the groups; a batch that
-    does not divide evenly is an error rather than a silently wrong grouping.
+    Without ids, consecutive runs of `group_size` sequences form the groups, and the rows
+    after the last full group get -1 (no group), as AReaL's fixed-size slicing leaves them.
     """
     if group_ids is not None:
         if isinstance(group_ids, Tensor):
@@ -98,12 +103,9 @@ def group_index_from_ids(
         raise ValueError(
             "group-level normalisation needs group_ids (from the batch) or group_size >= 1"
         )
-    if n_seqs % group_size != 0:
-        raise ValueError(
-            f"batch of {n_seqs} sequences does not split into groups of group_size={group_size}; "
-            "pass group_ids from the batch metadata (groups may be unequal after filtering)"
-        )
-    return torch.arange(n_seqs, device=device) // group_size
+    rows = torch.arange(n_seqs, device=device)
+    full = (n_seqs // group_size) * group_size
+    return torch.where(rows < full, rows // group_size, -1)
 
 
 def _all_reduce(t: Tensor, process_group: Any) -> Tensor:
@@ -122,37 +124,55 @@ def _check_norm(norm: NormLike) -> None:
             raise ValueError(f"{field} must be 'batch', 'group' or null, got {level!r}")
     if norm.mean_leave1out and norm.mean_level is None:
         raise ValueError("mean_leave1out=true needs a mean_level ('batch' or 'group')")
-    if not norm.eps > 0:
-        raise ValueError(f"eps must be > 0, got {norm.eps!r}")
+    if not norm.eps >= 0:
+        raise ValueError(f"eps must be >= 0, got {norm.eps!r}")
 
 
-@dataclass
-class _Summary:
-    """Per-sequence sufficient statistics in float64."""
+@dataclass(frozen=True)
+class _Pool:
+    """Which pool of elements each element's statistics come from.
 
-    total: Tensor  # [B] sum of valid values
-    count: Tensor  # [B] number of valid elements
-    valid_seq: Tensor  # [B] bool, count > 0
+    `index[e]` in 0..n-1 (the batch is pool 0), or -1 for an element in no pool; `single[e]`
+    marks elements of a pool holding one sequence; `reduce` all-reduces pool sums."""
 
-    @property
-    def seq_mean(self) -> Tensor:
-        return self.total / self.count.clamp(min=1)
+    index: Tensor
+    n: int
+    single: Tensor
+    process_group: Any = None
+
+    def sums(self, values: Tensor) -> Tensor:
+        """Per-element sum of `values` over the element's pool (0 outside any pool)."""
+        inside = self.index >= 0
+        idx = self.index.clamp(min=0)
+        per_pool = torch.zeros(max(self.n, 1), dtype=values.dtype, device=values.device)
+        per_pool = per_pool.index_add(0, idx, torch.where(inside, values, 0.0))
+        per_pool = _all_reduce(per_pool, self.process_group)
+        return torch.where(inside, per_pool[idx], 0.0)
 
 
-def _group_stats(
-    summary: _Summary, group_index: Tensor, n_groups: int, unbiased: bool
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Per-sequence (group mean, group std, group n, group sum of sequence means)."""
-    m = torch.where(summary.valid_seq, summary.seq_mean, 0.0)
-    w = summary.valid_seq.to(torch.float64)
-    g_n = torch.zeros(n_groups, dtype=torch.float64, device=m.device).index_add(0, group_index, w)
-    g_sum = torch.zeros_like(g_n).index_add(0, group_index, m)
-    g_mean = g_sum / g_n.clamp(min=1)
-    dev = torch.where(summary.valid_seq, m - g_mean[group_index], 0.0)
-    g_ss = torch.zeros_like(g_n).index_add(0, group_index, dev.square())
-    denom = g_n - 1 if unbiased else g_n
-    g_std = torch.where(denom > 0, (g_ss / denom.clamp(min=1)).sqrt(), 0.0)
-    return g_mean[group_index], g_std[group_index], g_n[group_index], g_sum[group_index]
+def _pool_mean(v: Tensor, w: Tensor, pool: _Pool, leave1out: bool) -> Tensor:
+    total, count = pool.sums(v * w), pool.sums(w)
+    inside = pool.index >= 0
+    if leave1out:
+        loo = (total - v * w) / (count - w).clamp(min=1.0)
+        plain = total / count.clamp(min=1.0)
+        mean = torch.where(w > 0, loo, plain)
+        mean = torch.where(count <= 1, 0.0, mean)
+        mean = torch.where(pool.single, v, mean)
+    else:
+        mean = torch.where(count > 0, total / count.clamp(min=1.0), 0.0)
+    return torch.where(inside, mean, 0.0)
+
+
+def _pool_std(v: Tensor, w: Tensor, mean: Tensor, pool: _Pool, unbiased: bool) -> Tensor:
+    sq = pool.sums(((v - mean) * w).square())
+    count = pool.sums(w)
+    if unbiased:
+        std = torch.where(count <= 1, 1.0, (sq / (count - 1).clamp(min=1.0)).sqrt())
+        std = torch.where(pool.single, 1.0, std)
+    else:
+        std = torch.where(count == 0, 1.0, (sq / count.clamp(min=1.0)).sqrt())
+    return torch.where(pool.index >= 0, std, 1.0)
 
 
 def normalize(
@@ -168,88 +188,78 @@ def normalize(
     group_size: int | None = None,
     cu_seqlens: Tensor | None = None,
     process_group: Any = None,
+    per_completion: bool = False,
 ) -> Tensor:
     """Normalise `x` as the module docstring describes; returns float32, 0 where masked.
 
     `x` is per-sequence `[B]` (rewards), per-token `[B, T]` (padded) or per-token `[N]` with
     `cu_seqlens` (packed). `mask` has `x`'s shape (default: all valid). `process_group`, when
     given, all-reduces the batch-level sums across data-parallel ranks (it is the only
-    collective in the algorithm core).
+    collective in the algorithm core; every rank must call, whatever its mask).
+    `per_completion` makes each completion of a per-token input one element (the mean of its
+    valid tokens) instead of each token.
     """
-    spec = NormSpec(mean_level, mean_leave1out, std_level, std_unbiased, eps, group_size or 1)
+    spec = NormSpec(
+        mean_level, mean_leave1out, std_level, std_unbiased, eps, group_size or 1, per_completion
+    )
     _check_norm(spec)
     if mask is None:
         mask = torch.ones_like(x, dtype=torch.bool)
     if mask.shape != x.shape:
         raise ValueError(f"mask has shape {tuple(mask.shape)} but x has {tuple(x.shape)}")
     valid = mask.to(torch.bool)
-    # float32 element-wise, float64 accumulation: no float64 copy of a [B, T] batch.
-    xf = torch.where(valid, x.detach().to(torch.float32), 0.0)
     f64 = torch.float64
+    xd = torch.where(valid, x.detach().to(f64), 0.0)
 
     per_sequence = x.ndim == 1 and cu_seqlens is None
-    layout: SeqLayout | None = None
     if per_sequence:
-        total, count = xf.to(f64), valid.to(f64)
         n_seqs = x.shape[0]
+        row_of = torch.arange(n_seqs, device=x.device)
+        elem_x, elem_w = xd, valid.to(f64)
     else:
         layout = layout_of(x, cu_seqlens)
-        total = seq_sum(xf, layout, dtype=f64)
-        count = seq_sum(valid, layout, dtype=f64)
         n_seqs = layout.n_seqs
-    summary = _Summary(total=total, count=count, valid_seq=count > 0)
-
-    def per_elem(per_seq: Tensor) -> Tensor:
-        return per_seq if layout is None else seq_broadcast(per_seq, layout)
-
-    needs_group = "group" in (mean_level, std_level)
-    group_index: Tensor | None = None
-    if needs_group:
-        group_index = group_index_from_ids(group_ids, n_seqs, group_size, device=x.device)
-        n_groups = int(group_index.max()) + 1 if n_seqs else 0
-        g_mean, g_std, g_n, g_sum = _group_stats(summary, group_index, n_groups, std_unbiased)
-
-    needs_batch = "batch" in (mean_level, std_level)
-    if needs_batch:
-        b_sum = _all_reduce(total.sum().reshape(1), process_group)
-        b_cnt = _all_reduce(count.sum().reshape(1), process_group)
-        b_mean = b_sum / b_cnt.clamp(min=1)
-        dev = torch.where(valid, xf - b_mean.to(torch.float32), 0.0)
-        b_ss = _all_reduce(dev.square().sum(dtype=f64).reshape(1), process_group)
-        b_denom = b_cnt - 1 if std_unbiased else b_cnt
-        b_std = torch.where(b_denom > 0, (b_ss / b_denom.clamp(min=1)).sqrt(), 0.0)
-
-    # Centre.
-    if mean_level is None:
-        centred = xf
-    else:
-        if mean_level == "batch":
-            if mean_leave1out:
-                others = b_cnt - count  # [B]
-                baseline = (b_sum - total) / others.clamp(min=1)
-                no_peer = others <= 0
-            else:
-                baseline = b_mean.expand(n_seqs)
-                no_peer = torch.zeros(n_seqs, dtype=torch.bool, device=x.device)
+        if per_completion:
+            count = seq_sum(valid, layout, dtype=f64)
+            elem_x = seq_sum(xd, layout) / count.clamp(min=1.0)
+            elem_w = (count > 0).to(f64)
+            row_of = torch.arange(n_seqs, device=x.device)
         else:
-            if mean_leave1out:
-                others = g_n - 1
-                baseline = (g_sum - torch.where(summary.valid_seq, summary.seq_mean, 0.0)) / (
-                    others.clamp(min=1)
-                )
-                no_peer = others <= 0
-            else:
-                baseline = g_mean
-                no_peer = torch.zeros(n_seqs, dtype=torch.bool, device=x.device)
-        centred = torch.where(per_elem(no_peer), 0.0, xf - per_elem(baseline.to(torch.float32)))
+            row_of = seq_broadcast(torch.arange(n_seqs, device=x.device), layout).reshape(-1)
+            elem_x, elem_w = xd.reshape(-1), valid.to(f64).reshape(-1)
 
-    # Scale.
-    if std_level is None:
-        out = centred
+    pools: dict[Level, _Pool] = {}
+    no_single = torch.zeros_like(elem_w, dtype=torch.bool)
+    if "batch" in (mean_level, std_level):
+        pools["batch"] = _Pool(torch.zeros_like(row_of), 1, no_single, process_group)
+    if "group" in (mean_level, std_level):
+        g = group_index_from_ids(group_ids, n_seqs, group_size, device=x.device)
+        n_groups = int(g.max()) + 1 if n_seqs and bool((g >= 0).any()) else 0
+        inside = g >= 0
+        rows = torch.zeros(max(n_groups, 1), dtype=torch.int64, device=x.device)
+        rows = rows.index_add(0, g.clamp(min=0), inside.to(torch.int64))
+        single = inside & (rows[g.clamp(min=0)] == 1)
+        pools["group"] = _Pool(g[row_of], n_groups, single[row_of])
+
+    if mean_level is None:
+        mean = torch.zeros_like(elem_x)
     else:
-        std = b_std.expand(n_seqs) if std_level == "batch" else g_std
-        out = centred / (per_elem(std.to(torch.float32)) + eps)
-    return torch.where(valid, out, 0.0)
+        mean = _pool_mean(elem_x, elem_w, pools[mean_level], mean_leave1out)
+    if std_level is None:
+        std, eps = torch.ones_like(elem_x), 0.0
+    else:
+        std = _pool_std(elem_x, elem_w, mean, pools[std_level], std_unbiased)
+
+    if per_sequence:
+        mean_e, std_e = mean, std
+    elif per_completion:
+        mean_e, std_e = seq_broadcast(mean, layout), seq_broadcast(std, layout)
+    else:
+        mean_e, std_e = mean.reshape(x.shape), std.reshape(x.shape)
+    out = torch.where(valid, (xd - mean_e) / (std_e + eps), 0.0).to(torch.float32)
+    if not bool(valid.any()):
+        return x.to(torch.float32)
+    return out
 
 
 def normalize_with(
@@ -279,6 +289,7 @@ def normalize_with(
         group_size=norm.group_size,
         cu_seqlens=cu_seqlens,
         process_group=process_group,
+        per_completion=bool(getattr(norm, "per_completion", False)),
     )
 
 

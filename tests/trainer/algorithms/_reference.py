@@ -70,19 +70,6 @@ def turn_gae_sequence(
     return adv, ret
 
 
-def _mean(xs: Sequence[float]) -> float:
-    return sum(xs) / len(xs)
-
-
-def _std(xs: Sequence[float], unbiased: bool) -> float:
-    n = len(xs)
-    d = n - 1 if unbiased else n
-    if d <= 0:
-        return 0.0
-    m = _mean(xs)
-    return math.sqrt(sum((x - m) ** 2 for x in xs) / d)
-
-
 def normalize_tokens(
     x: Sequence[Sequence[float]],
     mask: Sequence[Sequence[bool]],
@@ -94,48 +81,75 @@ def normalize_tokens(
     unbiased: bool,
     eps: float,
 ) -> list[list[float]]:
-    """The documented semantics: batch level over tokens, group level over sequence means."""
-    n = len(x)
-    tokens = [[x[i][t] for t in range(len(x[i])) if mask[i][t]] for i in range(n)]
-    seq_mean = [(_mean(tok) if tok else None) for tok in tokens]
-    all_tokens = [v for tok in tokens for v in tok]
+    """AReaL 2.0's `Normalization` (areal/utils/data.py) one token at a time.
 
-    def group_members(i: int) -> list[int]:
-        return [j for j in range(n) if groups[j] == groups[i] and seq_mean[j] is not None]
+    Every token with mask 1 is one element; a batch or a group (the rows with the same id;
+    -1 = no group) is a pool of elements. mean: the pool mean, or under leave-one-out
+    (S - x) / (n - 1) for a valid token, the plain mean for a masked one, 0 when the pool
+    has at most one valid token, and x itself in a group of one row. std: over the pool,
+    of (x - mean) with each element's own mean; 1 where undefined (n <= 1 unbiased, n = 0
+    biased, a group of one row unbiased); no std: 1 and eps 0. No valid token: x unchanged.
+    """
+    n = len(x)
+    if not any(m for row in mask for m in row):
+        return [list(row) for row in x]
+
+    def pool(level: str, i: int) -> list[int] | None:
+        if level == "batch":
+            return list(range(n))
+        if groups[i] < 0:
+            return None
+        return [j for j in range(n) if groups[j] == groups[i]]
+
+    def valid_values(rows: list[int]) -> list[float]:
+        return [x[j][t] for j in rows for t in range(len(x[j])) if mask[j][t]]
+
+    means = [[0.0] * len(x[i]) for i in range(n)]
+    if mean_level is not None:
+        for i in range(n):
+            rows = pool(mean_level, i)
+            if rows is None:
+                continue
+            vals = valid_values(rows)
+            for t in range(len(x[i])):
+                if mean_level == "group" and leave1out and len(rows) == 1:
+                    means[i][t] = x[i][t]
+                elif leave1out:
+                    if len(vals) <= 1:
+                        means[i][t] = 0.0
+                    elif mask[i][t]:
+                        means[i][t] = (sum(vals) - x[i][t]) / (len(vals) - 1)
+                    else:
+                        means[i][t] = sum(vals) / len(vals)
+                else:
+                    means[i][t] = sum(vals) / len(vals) if vals else 0.0
 
     out: list[list[float]] = []
     for i in range(n):
-        row = []
-        for t in range(len(x[i])):
-            if not mask[i][t]:
-                row.append(0.0)
-                continue
-            v = x[i][t]
-            no_peer = False
-            if mean_level == "batch":
-                if leave1out:
-                    others = [w for j in range(n) if j != i for w in tokens[j]]
-                    no_peer = not others
-                    base = _mean(others) if others else 0.0
-                else:
-                    base = _mean(all_tokens)
-            elif mean_level == "group":
-                members = group_members(i)
-                if leave1out:
-                    others = [seq_mean[j] for j in members if j != i]
-                    no_peer = not others
-                    base = _mean(others) if others else 0.0
-                else:
-                    base = _mean([seq_mean[j] for j in members])
+        if std_level is None:
+            std, e = 1.0, 0.0
+        else:
+            rows = pool(std_level, i)
+            e = eps
+            if rows is None:
+                std = 1.0
             else:
-                base = 0.0
-            c = 0.0 if no_peer else v - base
-            if std_level == "batch":
-                c = c / (_std(all_tokens, unbiased) + eps)
-            elif std_level == "group":
-                c = c / (_std([seq_mean[j] for j in group_members(i)], unbiased) + eps)
-            row.append(c)
-        out.append(row)
+                dev = [
+                    (x[j][t] - means[j][t]) ** 2
+                    for j in rows
+                    for t in range(len(x[j]))
+                    if mask[j][t]
+                ]
+                k = len(dev)
+                if std_level == "group" and unbiased and len(rows) == 1:
+                    std = 1.0
+                elif unbiased:
+                    std = 1.0 if k <= 1 else math.sqrt(sum(dev) / (k - 1))
+                else:
+                    std = 1.0 if k == 0 else math.sqrt(sum(dev) / k)
+        out.append(
+            [(x[i][t] - means[i][t]) / (std + e) if mask[i][t] else 0.0 for t in range(len(x[i]))]
+        )
     return out
 
 
