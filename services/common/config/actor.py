@@ -41,20 +41,40 @@ class NormConfig(FlywheelModel):
     nowhere (null: no centring)."""
 
     mean_leave1out: bool = False
-    """Centre each sample on the mean of the *other* samples of its batch/group (RLOO)."""
+    """Centre each element on the mean of the *other* elements of its batch/group (RLOO):
+    for per-token values one token is left out, not its whole completion."""
 
     std_level: NormLevel = "batch"
-    """Where the standard deviation is taken: batch, group, or null (no scaling;
-    Dr.GRPO removes it to avoid favouring easy/hard prompts)."""
+    """Where the standard deviation is taken: batch, group, or null (std 1 and no eps;
+    Dr.GRPO removes it to avoid favouring easy/hard prompts). It is taken around the same
+    per-element mean that is subtracted (0 when `mean_level` is null)."""
 
     std_unbiased: bool = True
-    """Use the unbiased (n-1) standard deviation."""
+    """Use the unbiased (n-1) standard deviation; the std of one element is then 1."""
 
     eps: float = Field(default=1e-5, gt=0.0)
     """Added to the standard deviation before dividing, so constant groups do not explode."""
 
     group_size: int = Field(default=1, ge=1)
-    """Group size used only when the batch carries no group metadata (fallback)."""
+    """Group size used only when the batch carries no group metadata (fallback):
+    consecutive runs of `group_size` sequences; rows after the last full group get mean 0
+    and std 1."""
+
+    per_completion: bool = False
+    """Flywheel: statistics of per-token values count each completion once, through the
+    mean of its valid tokens (every completion weighs the same whatever its length).
+    false is AReaL's: every valid token counts once, so longer completions weigh more."""
+
+    @model_validator(mode="after")
+    def _leave1out_needs_mean(self) -> NormConfig:
+        if self.mean_leave1out and self.mean_level is None:
+            raise RuleViolation(
+                "mean_leave1out",
+                True,
+                "leave-one-out needs a mean to leave the element out of: set mean_level "
+                "to 'batch' or 'group', or mean_leave1out to false",
+            )
+        return self
 
     @field_validator("mean_level", "std_level", mode="before")
     @classmethod
@@ -392,7 +412,9 @@ class PPOActorConfig(TrainEngineConfig):
     """Length of the tail (in tokens) in which the overlong penalty ramps up."""
 
     overlong_penalty_factor: float | None = Field(default=None, ge=0.0)
-    """Largest overlong penalty, reached at `max_new_tokens`."""
+    """Slope of the overlong penalty: −factor · (L − (max_new_tokens − overlong_tokens)) /
+    overlong_tokens for L generated tokens past the threshold, so −factor at
+    `max_new_tokens` and linear (not capped) beyond, as AReaL."""
 
     mask_no_eos_with_zero: bool = False
     """Exclude truncated completions (no EOS, from the trajectory's `no_eos` flag) from the loss."""
@@ -425,6 +447,10 @@ class PPOActorConfig(TrainEngineConfig):
 
     kl_estimator: Literal["k1", "k2", "k3"] = "k1"
     """KL estimator used for the reward penalty."""
+
+    kl_clamp: float | None = Field(default=10.0, gt=0.0)
+    """Flywheel: each token's KL estimate is clamped to [-kl_clamp, kl_clamp] before it is
+    multiplied by `kl_ctl` (AReaL clamps at a fixed 10); null turns the clamp off."""
 
     use_sapo_loss: bool = False
     """SAPO: replace the hard clip by soft sigmoid gates."""

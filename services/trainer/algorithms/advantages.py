@@ -5,14 +5,21 @@
     r_i   = clip((r_i + reward_bias) * reward_scaling, ±reward_clip)
     r_i   = 0 for truncated i when mask_no_eos_with_zero   (and i leaves the loss)
     r_i   = reward_norm(r_i)                               (optional, batch or group)
-    kl_t  = -kl_ctl * KL_est(log π_old(t), log π_ref(t))   (k1/k2/k3, optional)
+    kl_t  = -kl_ctl * clamp(KL_est(log π_old(t), log π_ref(t)), ±kl_clamp)
+                                                           (k1/k2/k3, optional)
     token rewards: kl_t on every generated token, plus r_i on the last generated token
     A, G  = GAE over tokens (KL inside the recurrence) or over turns (KL added per token,
             outside the recurrence and outside the critic target G)
     A     = adv_norm(A)                                    (optional, batch or group)
 
-"π_old" is whatever log-probabilities the caller passes as `logprobs`: the behaviour
-policy's, or the recomputed π_prox when the trainer recomputes them.
+"π_old" is whatever log-probabilities the caller passes as `logprobs`. AReaL's rule (and
+the trainer's, through `kl_logprobs`): the behaviour policy's, replaced by the recomputed
+ones only when `recompute_logprob` is on and the decoupled loss is off. The clamp at
+±`kl_clamp` (default 10) is AReaL's `KLEstimator(apply_clamp=True)`.
+
+The outcome reward goes on the last *generated* token (AReaL: on the last token of the
+sequence, which a multi-turn trajectory ending in tool tokens does not train on): a
+deliberate difference, listed in docs/algorithms.md.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from torch import Tensor
 from .checks import require_finite
 from .gae import gae_token_level, gae_turn_level, turn_slots
 from .gae_lambda import resolve_gae_lambda
-from .kl import KL_ESTIMATORS
+from .kl import KL_CLAMP, kl_reward_estimate
 from .layout import (
     check_per_seq,
     check_same_shape,
@@ -78,6 +85,7 @@ def compute_advantages(
     mask_no_eos_with_zero: bool = False,
     kl_ctl: float = 0.0,
     kl_estimator: str = "k1",
+    kl_clamp: float | None = KL_CLAMP,
     discount: float = 1.0,
     gae_lambda: float | str = 1.0,
     gae_lambda_kwargs: Mapping[str, Any] | None = None,
@@ -182,6 +190,7 @@ _OPTION_NAMES = (
     "mask_no_eos_with_zero",
     "kl_ctl",
     "kl_estimator",
+    "kl_clamp",
     "discount",
     "gae_lambda",
     "gae_lambda_kwargs",
@@ -219,6 +228,7 @@ def _compute_padded(
     mask_no_eos_with_zero: bool,
     kl_ctl: float,
     kl_estimator: str,
+    kl_clamp: float | None,
     discount: float,
     gae_lambda: float | str,
     gae_lambda_kwargs: Mapping[str, Any] | None,
@@ -264,8 +274,8 @@ def _compute_padded(
     if kl_ctl > 0:
         assert logprobs is not None and ref_logprobs is not None
         require_finite(mask, logprobs=logprobs, ref_logprobs=ref_logprobs)
-        kl = KL_ESTIMATORS.get(kl_estimator)(
-            logprobs.detach().to(torch.float32), ref_logprobs.detach().to(torch.float32)
+        kl = kl_reward_estimate(
+            logprobs.detach(), ref_logprobs.detach(), kl_estimator, clamp=kl_clamp
         )
         kl_rewards = torch.where(mask, -kl_ctl * kl, 0.0)
     else:

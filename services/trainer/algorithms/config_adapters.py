@@ -15,6 +15,7 @@ from torch import Tensor
 
 from .advantages import AdvantageResult, compute_advantages
 from .filters import resolve_should_accept
+from .kl import KL_CLAMP
 from .losses import critic_loss, ppo_actor_loss
 from .prox import ProxResult, compute_prox_logp
 
@@ -58,6 +59,7 @@ def advantage_kwargs(actor: PPOActorConfig | Any) -> dict[str, Any]:
         "mask_no_eos_with_zero": actor.mask_no_eos_with_zero,
         "kl_ctl": actor.kl_ctl,
         "kl_estimator": actor.kl_estimator,
+        "kl_clamp": getattr(actor, "kl_clamp", KL_CLAMP),
         "discount": actor.discount,
         "gae_lambda": actor.gae_lambda,
         "gae_lambda_kwargs": dict(getattr(actor, "gae_lambda_kwargs", {}) or {}),

@@ -7,8 +7,9 @@ KL divergence", 2020):
     k2 = 0.5 * log_ratio**2                     biased, low variance, >= 0
     k3 = exp(-log_ratio) - 1 + log_ratio        unbiased for KL(p||q), >= 0
 
-Used for the KL reward against the reference model (p = π_old, q = π_ref) and for
-rejection sampling (p = π_prox, q = π_behave).
+Used for the KL reward against the reference model (p = π_behave, q = π_ref; see
+`kl_reward_estimate`, which clamps like AReaL's actor) and, unclamped, for rejection
+sampling (p = π_prox, q = π_behave), as AReaL's `apply_rejection_sampling` does.
 """
 
 from __future__ import annotations
@@ -47,6 +48,25 @@ def kl_k3(logp: Tensor, logq: Tensor) -> Tensor:
     """k3 = q/p - 1 - log(q/p), computed from the log ratio without overflow for q << p."""
     log_ratio = logq - logp
     return torch.expm1(log_ratio) - log_ratio
+
+
+KL_CLAMP = 10.0
+"""AReaL's `KLEstimator(apply_clamp=True)` bound (areal/utils/data.py)."""
+
+
+def kl_reward_estimate(
+    logp: Tensor, logq: Tensor, estimator: str = "k1", clamp: float | None = KL_CLAMP
+) -> Tensor:
+    """The estimate behind the KL reward: `clamp(KL_est(logp, logq), -clamp, clamp)` in float32.
+
+    AReaL's actor builds `KLEstimator(kl_estimator)` with its default `apply_clamp=True`, so
+    every estimate is clamped to [-10, 10] before `kl_ctl` multiplies it; `clamp=None` turns
+    the clamp off (`actor.kl_clamp: null`).
+    """
+    if clamp is not None and not clamp > 0:
+        raise ValueError(f"kl_clamp must be > 0 or null, got {clamp!r}")
+    est = KL_ESTIMATORS.get(estimator)(logp.to(torch.float32), logq.to(torch.float32))
+    return est if clamp is None else est.clamp(-clamp, clamp)
 
 
 def bernoulli_kl(logp: Tensor, logq: Tensor) -> Tensor:

@@ -17,13 +17,14 @@ def overlong_penalty(
     overlong_tokens: int,
     overlong_penalty_factor: float,
 ) -> Tensor:
-    """DAPO soft overlong punishment per sequence (<= 0).
+    """DAPO soft overlong punishment per sequence (<= 0), AReaL's formula.
 
         L_exp = max_new_tokens - overlong_tokens
-        penalty = -factor * clamp((L - L_exp) / overlong_tokens, 0, 1)
+        penalty = min(-factor * (L - L_exp) / overlong_tokens, 0)
 
-    0 up to `L_exp` generated tokens, a linear ramp over the last `overlong_tokens`, and
-    `-factor` at (or beyond) `max_new_tokens`.
+    0 up to `L_exp` generated tokens, then linear in the excess: `-factor` at
+    `max_new_tokens` and below it past that (not capped), as AReaL 2.0's
+    `reward_overlong_penalty` (areal/utils/functional/functional.py) computes it.
     """
     if overlong_tokens is None or overlong_tokens < 1:
         raise ValueError(f"overlong_tokens must be >= 1, got {overlong_tokens!r}")
@@ -35,7 +36,7 @@ def overlong_penalty(
         )
     expected = max_new_tokens - overlong_tokens
     excess = (response_lens.to(torch.float32) - expected) / overlong_tokens
-    return -overlong_penalty_factor * excess.clamp(0.0, 1.0)
+    return (-overlong_penalty_factor * excess).clamp(max=0.0)
 
 
 def shape_rewards(
