@@ -110,7 +110,9 @@ class RedisServer:
 
     def start(self, timeout: float = 10.0) -> RedisServer:
         """Start and wait for PONG. A port picked here can be taken by another process
-        between picking and binding; then a fresh one is picked, up to three times."""
+        between picking and binding; then a fresh one is picked, up to three times, but
+        only before the first successful start: a server started again after a crash
+        keeps its port and directory (its clients reconnect there; the AOF is replayed)."""
         for attempt in range(3):
             with open(self.dir / "redis.stderr", "wb") as err:
                 self.proc = subprocess.Popen(
@@ -123,6 +125,8 @@ class RedisServer:
                 )
             try:
                 self._wait_ready(timeout)
+                # Clients now know this port: a restart must come back on it.
+                self._auto_port = False
                 return self
             except RuntimeError as exc:
                 if not (self._auto_port and "in use" in str(exc) and attempt < 2):
@@ -130,7 +134,7 @@ class RedisServer:
                 self.port = free_port(self.host)
         raise AssertionError("unreachable")
 
-    def _exit_reason(self) -> str:
+    def exit_reason(self) -> str:
         """The end of redis-server's log (or of its stderr, when it died before logging)."""
         texts = []
         for name in ("redis.log", "redis.stderr"):
@@ -147,7 +151,7 @@ class RedisServer:
         while True:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(
-                    f"redis-server exited with {self.proc.returncode}: {self._exit_reason()}"
+                    f"redis-server exited with {self.proc.returncode}: {self.exit_reason()}"
                 )
             try:
                 if client.ping():

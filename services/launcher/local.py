@@ -2,10 +2,15 @@
 
 Order matters and is enforced by health gates: Redis, then the buffer (it needs Redis),
 reward, rollout replicas (they need both), and the trainer last (it needs all of them).
-The launcher then watches: a service that dies ends the run with its last log lines, the
-trainer finishing `total_train_steps` ends it cleanly, Ctrl-C stops everything in reverse
-order. At the end it checks the run's invariants and writes `summary.json` and
-`learning_curve.png` into the run directory.
+The launcher then supervises: a service that dies (buffer, reward, a rollout replica, the
+trainer, the local `redis-server`) is started again after a back-off, up to
+`launcher.max_restarts` times per service within `launcher.restart_window_seconds`; one
+more death ends the run with its last log lines. Each restart is announced, counted on the
+progress line, appended to `<run_dir>/restarts.jsonl` and listed in `summary.json`. The
+trainer exiting 0 (after `total_train_steps`) ends the run cleanly; a trainer that dies is
+restarted and resumes from its last checkpoint (`trainer.recover: auto`). Ctrl-C stops
+everything in reverse order. At the end the launcher checks the run's invariants and writes
+`summary.json` and `learning_curve.png` into the run directory.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +30,13 @@ from services.common.redis_server import RedisServer
 from services.launcher import assets
 from services.launcher.evaluation import EvalResult, evaluate
 from services.launcher.metrics_log import MetricsTail
-from services.launcher.processes import ServiceFailed, ServiceProcess, wait_until_serving
+from services.launcher.processes import (
+    RestartBudget,
+    ServiceFailed,
+    ServiceProcess,
+    describe_exit,
+    wait_until_serving,
+)
 from services.launcher.report import (
     check_invariants,
     flywheel_series,
@@ -40,8 +52,48 @@ def _say(msg: str) -> None:
     sys.stderr.flush()
 
 
+REDIS = "redis-server"
+"""Name of the local Redis in restart records, `pids.json` and messages."""
+
+
+@dataclass
+class _Spec:
+    """How a service process was started, so that it can be started again the same way."""
+
+    module: str
+    extra: list[str]
+    address: str
+    cpus: list[int] | None
+    may_finish: bool
+
+
+@dataclass
+class Restart:
+    """One death and restart of a service, as `summary.json` and `restarts.jsonl` list it."""
+
+    service: str
+    exit: str
+    """How it ended: `exit code N` or `signal NAME`."""
+    exit_code: int | None
+    """The process's return code (negative: killed by that signal)."""
+    died_at: float
+    """Wall-clock time the launcher saw it dead (within a second of the death)."""
+    backoff_seconds: float
+    """Wait before the new process was started."""
+    restarted_at: float | None = None
+    """Wall-clock time the new process was SERVING again (null: the restart failed)."""
+    downtime_seconds: float | None = None
+    """`restarted_at - died_at`."""
+    attempt: int = 0
+    """Restarts of this service within the window, this one included."""
+    pid: int | None = None
+    """Pid of the new process."""
+    error: str | None = None
+    """Why the restart failed, when it did."""
+
+
 class LocalRun:
-    """One local run: prepare, start, watch, evaluate, stop, report."""
+    """One local run: prepare, start, supervise, evaluate, stop, report."""
 
     def __init__(self, cfg: FlywheelConfig) -> None:
         self.cfg = cfg
@@ -53,7 +105,15 @@ class LocalRun:
         self.scraped: dict[str, set[str]] = {}
         self.rollout_versions: list[int] = []
         self._stop = threading.Event()
-        self.restarts = 0
+        self.specs: dict[str, _Spec] = {}
+        self.restarts: list[Restart] = []
+        lc = cfg.launcher
+        self.budget = RestartBudget(
+            lc.max_restarts,
+            lc.restart_window_seconds,
+            lc.restart_backoff_seconds,
+            lc.restart_backoff_max_seconds,
+        )
         self._last_progress_line = 0.0
         self.start_time = time.time()
 
@@ -118,6 +178,7 @@ class LocalRun:
         env = {"PYTHONUNBUFFERED": "1", "FLYWHEEL_RUN_DIR": str(self.run_dir)}
         if self.cfg.services.auth_token:
             env["FLYWHEEL_TOKEN"] = self.cfg.services.auth_token
+        self.specs[name] = _Spec(module, list(extra), address, cpus, may_finish)
         proc = ServiceProcess(
             name,
             [self._python(), "-m", module, "--config", str(config_path), *extra],
@@ -126,7 +187,7 @@ class LocalRun:
             cpus=cpus,
             echo=os.environ.get("FLYWHEEL_ECHO_LOGS", "0") == "1",
         ).start()
-        self.procs.append(proc)
+        self.procs = [p for p in self.procs if p.name != name] + [proc]
         self._write_pids()
         if wait_until_serving(
             proc, address, self.cfg.launcher.startup_timeout, may_finish=may_finish
@@ -139,7 +200,9 @@ class LocalRun:
         return proc
 
     def _write_pids(self) -> None:
-        pids = {p.name: p.pid for p in self.procs}
+        pids: dict[str, int | None] = {p.name: p.pid for p in self.procs}
+        if self.redis is not None and self.redis.proc is not None:
+            pids[REDIS] = self.redis.proc.pid
         (self.run_dir / "pids.json").write_text(json.dumps(pids))
 
     def start_services(self, config_path: Path) -> None:
@@ -221,8 +284,8 @@ class LocalRun:
             _say(f"run directory {self.run_dir}")
             self.start_services(config_path)
             self.evaluate(0)
-            trainer = self.start_trainer(config_path)
-            code = self.watch(trainer)
+            self.start_trainer(config_path)
+            code = self.watch()
             if code != 0:
                 return code
             final_version = self.tail.last.get("version")
@@ -231,7 +294,7 @@ class LocalRun:
             self._scrape()
             summary = self.finish()
             return 0 if summary["invariants_ok"] else 1
-        except ServiceFailed as err:
+        except (ServiceFailed, RedisFailed) as err:
             _say(f"FAILED: {err}")
             return 1
         except KeyboardInterrupt:
@@ -244,7 +307,10 @@ class LocalRun:
     def last_step(self) -> int:
         return self.tail.last.get("step", 0) if hasattr(self, "tail") else 0
 
-    def watch(self, trainer: ServiceProcess) -> int:
+    def _proc(self, name: str) -> ServiceProcess:
+        return next(p for p in self.procs if p.name == name)
+
+    def watch(self) -> int:
         self.tail = MetricsTail(self.trainer_paths.metrics_jsonl)
         freq = self.cfg.launcher.eval.freq_steps
         last_scrape = 0.0
@@ -255,56 +321,135 @@ class LocalRun:
             step = self.last_step
             if self.cfg.launcher.progress:
                 self._progress(step, total)
+            trainer = self._proc("trainer")
             if next_eval is not None and step >= next_eval and trainer.alive():
-                self.evaluate(step)
+                try:
+                    self.evaluate(step)
+                except RuntimeError as err:  # a replica or reward restarting: next one counts
+                    _say(f"eval at step {step} skipped: {err}")
                 while next_eval <= step:
                     next_eval += freq
             if time.monotonic() - last_scrape > 5.0:
                 self._scrape()  # while the trainer lives: it exits when done
                 last_scrape = time.monotonic()
+            # Redis first: the buffer needs it to become healthy again.
+            redis_proc = self.redis.proc if self.redis is not None else None
+            if redis_proc is not None and redis_proc.poll() is not None:
+                self._restart_redis()
             code = trainer.poll()
-            if code is not None:
+            if code == 0:
                 trainer.wait()
                 self.tail.poll()
                 if self.cfg.launcher.progress:
                     sys.stderr.write("\n")
-                if code != 0:
-                    _say(
-                        f"FAILED: trainer exited with {code}; last log lines:\n{trainer.last_lines()}"
-                    )
-                    return 1
+                if total and self.last_step < total:
+                    _say(f"trainer stopped (exit 0) at step {self.last_step} of {total}")
                 return 0
             for proc in list(self.procs):
-                if proc is not trainer and not proc.alive():
-                    self._restart_or_fail(proc)
+                if not proc.alive() and not (proc is trainer and proc.poll() == 0):
+                    self._restart(proc)  # a trainer done since the check above: next round
             time.sleep(1.0)
+
+    def _died(self, name: str, code: int | None) -> Restart:
+        """Record a death and wait out its back-off; a spent budget ends the run."""
+        died_at = time.time()
+        limit, window = self.cfg.launcher.max_restarts, self.cfg.launcher.restart_window_seconds
+        delay = self.budget.next_delay(name)
+        if delay is None:
+            raise _GaveUp(
+                f"{name} died ({describe_exit(code)}) after {self.budget.recent(name)} "
+                f"restarts within {window:.0f}s (launcher.max_restarts={limit})"
+            )
+        attempt = self.budget.record(name)
+        _say(
+            f"{name} died ({describe_exit(code)}): restarting in {delay:.1f}s "
+            f"({attempt}/{limit} within {window:.0f}s)"
+        )
+        record = Restart(name, describe_exit(code), code, died_at, delay, attempt=attempt)
+        time.sleep(delay)
+        return record
+
+    def _restarted(self, record: Restart, pid: int | None) -> None:
+        record.restarted_at = time.time()
+        record.downtime_seconds = round(record.restarted_at - record.died_at, 3)
+        record.pid = pid
+        _say(
+            f"{record.service} is back after {record.downtime_seconds:.1f}s down "
+            f"(pid {pid}, restart {record.attempt})"
+        )
+        self._log_restart(record)
+
+    def _log_restart(self, record: Restart) -> None:
+        self.restarts.append(record)
+        with open(self.run_dir / "restarts.jsonl", "a") as fh:
+            fh.write(json.dumps(asdict(record)) + "\n")
+
+    def _restart(self, proc: ServiceProcess) -> None:
+        """Start a dead service again the way it was first started. Its state is safe: the
+        buffer's is in Redis, a rollout replica's groups already put are in the buffer (its
+        reservations are released by the new replica), the trainer resumes from its last
+        checkpoint and republishes its weights to replicas that do not have them. A restart
+        that fails is counted and tried again on the next round, within the budget."""
+        code = proc.poll()
+        proc.wait()
+        if proc.name == "trainer" and self.cfg.trainer.recover != "auto":
+            raise ServiceFailed(
+                proc,
+                f"died ({describe_exit(code)}) and trainer.recover is "
+                f"{self.cfg.trainer.recover!r}: a restarted trainer would start over "
+                "(set trainer.recover=auto to resume from its last checkpoint)",
+            )
+        try:
+            record = self._died(proc.name, code)
+        except _GaveUp as err:
+            raise ServiceFailed(proc, str(err).removeprefix(f"{proc.name} ")) from None
+        spec = self.specs[proc.name]
+        try:
+            new = self._start(
+                proc.name,
+                spec.module,
+                self.run_dir / "config.yaml",
+                spec.extra,
+                spec.address,
+                spec.cpus,
+                may_finish=spec.may_finish,
+            )
+        except ServiceFailed as err:
+            record.error = str(err).splitlines()[0]
+            _say(f"restart of {proc.name} failed: {record.error}")
+            self._log_restart(record)
+            err.proc.kill()  # never healthy: the next round counts it as another death
+            return
+        self._restarted(record, new.pid)
+
+    def _restart_redis(self) -> None:
+        """The local redis-server is started again on its port and directory: it replays
+        its append-only file (fsync every second), so the ledger survives; at most the last
+        second of writes before a crash is lost."""
+        assert self.redis is not None and self.redis.proc is not None
+        code = self.redis.proc.wait()
+        try:
+            record = self._died(REDIS, code)
+        except _GaveUp as err:
+            raise RedisFailed(f"{err}; redis log:\n{self.redis.exit_reason()}") from None
+        try:
+            self.redis.start(timeout=self.cfg.launcher.startup_timeout)
+        except (RuntimeError, TimeoutError) as err:
+            record.error = str(err).splitlines()[0]
+            _say(f"restart of {REDIS} failed: {record.error}")
+            self._log_restart(record)
+            if self.redis.proc is not None and self.redis.proc.poll() is None:
+                self.redis.proc.kill()  # up but never answered: the next round retries
+                self.redis.proc.wait()
+            return
+        self._write_pids()
+        self._restarted(record, self.redis.proc.pid if self.redis.proc else None)
 
     def _scrape(self) -> None:
         """Keep, per service, the series of its latest successful scrape."""
         for name, series in scrape_metrics(self._addresses()).items():
             if series:
                 self.scraped[name] = series
-
-    def _restart_or_fail(self, proc: ServiceProcess) -> None:
-        """A dead rollout replica is restarted (its groups already put are safe in the buffer,
-        its reservations are released by the new replica); any other death ends the run."""
-        limit = self.cfg.launcher.max_restarts
-        if not proc.name.startswith("rollout-") or self.restarts >= limit:
-            raise ServiceFailed(proc, f"died with code {proc.poll()} ({self.restarts} restarts)")
-        self.restarts += 1
-        _say(f"{proc.name} died with code {proc.poll()}: restarting ({self.restarts}/{limit})")
-        proc.wait()
-        self.procs.remove(proc)
-        i = int(proc.name.split("-")[1])
-        s = self.cfg.services
-        self._start(
-            proc.name,
-            "services.rollout",
-            self.run_dir / "config.yaml",
-            ["--replica-index", str(i)],
-            s.rollout.replica_address(i),
-            self.cfg.launcher.rollout_cpus,
-        )
 
     def _progress(self, step: int, total: int | None) -> None:
         last = self.tail.last
@@ -319,6 +464,12 @@ class LocalRun:
             f"staleness {last.get('staleness_max', 0)} {samples / max(elapsed, 1e-9):.1f} samples/s "
             f"{elapsed:.0f}s"
         )
+        if self.restarts:
+            last_r = self.restarts[-1]
+            line += (
+                f" restarts {len(self.restarts)} (last: {last_r.service}, {last_r.exit}, "
+                f"{time.time() - last_r.died_at:.0f}s ago)"
+            )
         if sys.stderr.isatty():
             sys.stderr.write(line)
         elif time.monotonic() - self._last_progress_line >= 15.0:
@@ -362,6 +513,8 @@ class LocalRun:
             "samples": sum(r.get("samples", 0) for r in records),
             "evals": self.evals,
             "buffer": buffer_stats,
+            "restarts_total": len(self.restarts),
+            "restarts": [asdict(r) for r in self.restarts],
         }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         write_learning_curve(self.run_dir / "learning_curve.png", records, self.evals)
@@ -370,6 +523,9 @@ class LocalRun:
             f"{initial} -> {final}; max staleness {summary['max_staleness_seen']} (eta {eta}); "
             f"invariants {'OK' if summary['invariants_ok'] else 'VIOLATED'}"
         )
+        for r in self.restarts:
+            down = "never came back" if r.downtime_seconds is None else f"{r.downtime_seconds}s"
+            _say(f"  restart: {r.service} ({r.exit}), down {down}")
         for name, res in invariants.items():
             _say(f"  invariant {name}: {'ok' if res['ok'] else 'VIOLATED'} - {res['detail']}")
         _say(
@@ -407,6 +563,14 @@ def run(
         return LocalRun(cfg).execute()
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+class _GaveUp(RuntimeError):
+    """A service's restart budget is spent."""
+
+
+class RedisFailed(RuntimeError):
+    """The local redis-server died more often than the restart budget allows."""
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:

@@ -1,4 +1,5 @@
-"""Service child processes: started, log-streamed, health-gated and stopped cleanly.
+"""Service child processes: started, log-streamed, health-gated, stopped cleanly, and the
+restart budget that decides whether a dead one is started again.
 
 Each service's output is prefixed with its name on the launcher's stderr and copied to
 `<run_dir>/logs/<name>.log`; the last lines are kept in memory so that when a service dies
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -156,3 +157,60 @@ class ServiceFailed(RuntimeError):
     def __init__(self, proc: ServiceProcess, what: str) -> None:
         self.proc = proc
         super().__init__(f"{proc.name} {what}; last log lines:\n{proc.last_lines()}")
+
+
+def describe_exit(code: int | None) -> str:
+    """`exit code 3`, `signal SIGKILL` (Popen reports death by signal N as -N), `running`."""
+    if code is None:
+        return "running"
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+class RestartBudget:
+    """How many times, and after how long a wait, each service may be restarted.
+
+    At most `max_restarts` restarts of one service within the last `window_s` seconds; the
+    n-th restart in the window (counting from 0) waits `min(backoff_max_s, backoff_s * 2**n)`.
+    A restart that fails (the new process dies or never becomes healthy) counts like any
+    other, so a crash loop runs out of budget instead of spinning. Deaths older than the
+    window are forgotten: a service that crashes rarely is restarted for ever."""
+
+    def __init__(
+        self,
+        max_restarts: int,
+        window_s: float,
+        backoff_s: float,
+        backoff_max_s: float,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.max_restarts = max_restarts
+        self.window_s = window_s
+        self.backoff_s = backoff_s
+        self.backoff_max_s = backoff_max_s
+        self._clock = clock
+        self._history: dict[str, list[float]] = {}
+
+    def recent(self, name: str) -> int:
+        """Restarts of `name` within the window."""
+        now = self._clock()
+        kept = [t for t in self._history.get(name, []) if now - t < self.window_s]
+        self._history[name] = kept
+        return len(kept)
+
+    def next_delay(self, name: str) -> float | None:
+        """Seconds to wait before restarting `name`, or None when its budget is spent."""
+        n = self.recent(name)
+        if n >= self.max_restarts:
+            return None
+        return min(self.backoff_max_s, self.backoff_s * 2**n)
+
+    def record(self, name: str) -> int:
+        """Count one restart of `name` now; returns the restarts within the window."""
+        self._history.setdefault(name, []).append(self._clock())
+        return self.recent(name)

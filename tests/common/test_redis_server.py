@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import time
 
 import pytest
@@ -46,3 +47,38 @@ def test_password_is_required_when_set(tmp_path):
         with pytest.raises(redis.exceptions.AuthenticationError):
             redis.Redis(host=server.host, port=server.port).ping()
         assert redis.Redis.from_url(server.url).ping()
+
+
+def test_a_write_acknowledged_just_before_sigkill_survives(redis_server: RedisServer):
+    # Redis writes the AOF buffer to the file before it sends the reply (fsync, once a
+    # second, only matters when the machine goes down): a kill -9 of redis-server alone
+    # loses nothing that was acknowledged, so the buffer's ledger survives it exactly.
+    client = redis.Redis.from_url(redis_server.url)
+    for _ in range(200):
+        client.incr("puts")
+    client.close()
+    redis_server.kill()  # at once, no fsync interval waited for
+    redis_server.start()
+    client = redis.Redis.from_url(redis_server.url)
+    assert client.get("puts") == b"200"
+    client.close()
+
+
+def test_a_restarted_server_keeps_its_port_even_when_it_was_picked_automatically(tmp_path):
+    # Clients were given this port: a server that came back elsewhere would look down to
+    # them for ever. Before the first start a taken port is replaced by a free one; after
+    # it, a taken port is an error.
+    server = RedisServer(dir=tmp_path)
+    server.start()
+    port = server.port
+    try:
+        server.kill()
+        with socket.socket() as squatter:  # bound, not listening: connects are refused
+            squatter.bind(("127.0.0.1", port))
+            with pytest.raises(RuntimeError, match="exited with"):
+                server.start(timeout=10)
+        assert server.port == port
+        server.start()
+        assert server.port == port and redis.Redis.from_url(server.url).ping()
+    finally:
+        server.cleanup()

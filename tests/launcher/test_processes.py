@@ -1,5 +1,5 @@
-"""Service processes: logs prefixed and kept, failures reported with their last lines, and no
-orphans when the launcher itself is killed."""
+"""Service processes: logs prefixed and kept, failures reported with their last lines, no
+orphans when the launcher itself is killed, and the restart budget with its back-off."""
 
 from __future__ import annotations
 
@@ -11,7 +11,13 @@ import time
 
 import pytest
 
-from services.launcher.processes import ServiceFailed, ServiceProcess, wait_until_serving
+from services.launcher.processes import (
+    RestartBudget,
+    ServiceFailed,
+    ServiceProcess,
+    describe_exit,
+    wait_until_serving,
+)
 
 
 def test_logs_go_to_file_and_tail_and_exit_code_is_reported(tmp_path):
@@ -88,3 +94,44 @@ def test_children_die_when_the_launcher_is_killed(tmp_path):
         time.sleep(0.05)
     else:
         pytest.fail("service process outlived its killed launcher")
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_restart_budget_backs_off_exponentially_and_gives_up_within_the_window():
+    clock = _Clock()
+    budget = RestartBudget(3, window_s=600.0, backoff_s=1.0, backoff_max_s=3.0, clock=clock)
+    # 1 * 2**0, 1 * 2**1, then 1 * 2**2 = 4 capped at 3; a fourth death in the window: no.
+    delays = []
+    for _ in range(3):
+        delays.append(budget.next_delay("buffer"))
+        budget.record("buffer")
+        clock.now += 10.0
+    assert delays == [1.0, 2.0, 3.0]
+    assert budget.next_delay("buffer") is None
+    assert budget.next_delay("reward") == 1.0  # counted per service
+    # 600 s after the first restart it leaves the window: one restart is allowed again,
+    # with the back-off of the two still inside it (1 * 2**2, capped).
+    clock.now = 1000.0 + 600.0
+    assert budget.recent("buffer") == 2
+    assert budget.next_delay("buffer") == 3.0
+
+
+def test_restart_budget_of_zero_never_restarts():
+    assert RestartBudget(0, 60.0, 1.0, 30.0).next_delay("trainer") is None
+
+
+def test_exit_description_names_the_signal(tmp_path):
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    proc = ServiceProcess("victim", sleeper, tmp_path, echo=False).start()
+    proc.kill()
+    code = proc.wait(timeout=30)
+    assert code == -9 and describe_exit(code) == "signal SIGKILL"
+    assert describe_exit(3) == "exit code 3"
+    assert describe_exit(None) == "running"

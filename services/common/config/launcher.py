@@ -93,8 +93,20 @@ class LauncherConfig(FlywheelModel):
     """Seconds each service may take to report SERVING."""
 
     max_restarts: int = Field(default=3, ge=0)
-    """Times a dead rollout replica is restarted before the run fails (other services
-    failing end the run at once: their state is not safe to resume blindly)."""
+    """Restarts of one service (buffer, reward, each rollout replica, the trainer, the local
+    `redis-server`) allowed within `restart_window_seconds`; one more death in the window
+    ends the run with the service's last log lines. 0 ends the run at the first death."""
+
+    restart_window_seconds: float = Field(default=600.0, gt=0.0)
+    """Window over which `max_restarts` is counted: a service that crashes once an hour is
+    restarted for ever, one in a crash loop is given up on."""
+
+    restart_backoff_seconds: float = Field(default=1.0, ge=0.0)
+    """Wait before the first restart of a service in the window; each further restart in
+    the window waits twice as long as the one before (exponential back-off)."""
+
+    restart_backoff_max_seconds: float = Field(default=30.0, ge=0.0)
+    """Longest back-off between two restarts of one service."""
 
     progress: bool = True
     """Show the one-line progress display."""
