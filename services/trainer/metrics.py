@@ -5,6 +5,12 @@ core computes (names from `services.trainer.algorithms.stats.STATS`); histograms
 counters hold what accumulates (durations, staleness, skipped steps, unhealthy replicas).
 Every instrument lives on the registry passed in, never the global default.
 
+A statistic gauge (`importance_weight`, `task_reward`, `tokens_per_second`, ...) is absent
+until the step that first sets it: a trainer that has not trained since it (re)started
+reports no value rather than a 0 that alert rules would read as a real one. Only global
+rank 0 exports these series; the other trainer pods serve an empty `/metrics` (their
+ranks compute no statistics of their own).
+
 | metric | meaning | a bad trend means |
 | --- | --- | --- |
 | `flywheel_trainer_version` | policy version after the last step | flat: no optimizer rounds |
@@ -44,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import Metric
 
 P = "flywheel_trainer"
 
@@ -80,6 +87,29 @@ _SECONDS_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300,
 _STALENESS_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 16, 32, 64)
 
 
+class _SetGauges:
+    """Collector of unlabelled gauges that exports each one only once it has been set."""
+
+    def __init__(self) -> None:
+        self.gauges: list[Gauge] = []
+        self._set: set[int] = set()
+
+    def add(self, name: str, documentation: str) -> Gauge:
+        gauge = Gauge(name, documentation, registry=None)
+        self.gauges.append(gauge)
+        return gauge
+
+    def set(self, gauge: Gauge, value: float) -> None:
+        gauge.set(value)
+        self._set.add(id(gauge))
+
+    def describe(self) -> list[Metric]:
+        return [m for g in self.gauges for m in g.describe()]
+
+    def collect(self) -> list[Metric]:
+        return [m for g in self.gauges if id(g) in self._set for m in g.collect()]
+
+
 class TrainerMetrics:
     """All trainer instruments on one registry (a fresh one by default)."""
 
@@ -91,8 +121,9 @@ class TrainerMetrics:
         self.skipped = Counter(
             f"{P}_skipped_updates", "Optimizer steps skipped: non-finite grad norm.", registry=r
         )
+        self._stats = _SetGauges()
         self.named = {
-            stat: Gauge(f"{P}_{suffix}", f"Last step's `{stat}` statistic.", registry=r)
+            stat: self._stats.add(f"{P}_{suffix}", f"Last step's `{stat}` statistic.")
             for stat, suffix in NAMED_STATS.items()
         }
         self.other = Gauge(
@@ -117,9 +148,10 @@ class TrainerMetrics:
             buckets=_SECONDS_BUCKETS,
             registry=r,
         )
-        self.tokens_per_second = Gauge(
-            f"{P}_tokens_per_second", "Trained tokens per second of the train phase.", registry=r
+        self.tokens_per_second = self._stats.add(
+            f"{P}_tokens_per_second", "Trained tokens per second of the train phase."
         )
+        r.register(self._stats)
         self.tokens = Counter(f"{P}_trained_tokens", "Tokens trained on.", registry=r)
         self.samples = Counter(f"{P}_trained_samples", "Trajectories trained on.", registry=r)
         self.broadcast_seconds = Histogram(
@@ -147,19 +179,19 @@ class TrainerMetrics:
             if not isinstance(value, int | float):
                 continue
             if name in self.named:
-                self.named[name].set(value)
+                self._stats.set(self.named[name], value)
             else:
                 self.other.labels(name=name).set(value)
         for key in ("loss", "grad_norm", "lr", "task_reward", "no_eos_ratio"):
             if isinstance(record.get(key), int | float):
-                self.named[key].set(record[key])
+                self._stats.set(self.named[key], record[key])
         for s in record.get("staleness_per_seq", ()):
             self.staleness.observe(s)
         self.step_seconds.observe(record["step_seconds"])
         for phase, seconds in record.get("phase_seconds", {}).items():
             self.phase_seconds.labels(phase=phase).observe(seconds)
         if record.get("tokens_per_second"):
-            self.tokens_per_second.set(record["tokens_per_second"])
+            self._stats.set(self.tokens_per_second, record["tokens_per_second"])
         self.tokens.inc(record.get("tokens", 0))
         self.samples.inc(record.get("samples", 0))
         self.skipped.inc(record.get("skipped_updates", 0))

@@ -4,7 +4,10 @@ Every rank builds the `PPOTrainer` and runs the `TrainerLoop`. Global rank 0 als
 the I/O loop, the buffer client, the weight publisher, the control state and the gRPC
 `TrainerService`. The local rank 0 of every node serves grpc.health.v1 and the HTTP side
 app (`/healthz`, `/readyz`, `/metrics`) on the configured ports, so probes work on every
-node. Health turns SERVING once the model is loaded and any checkpoint restored.
+node: its health answers for `flywheel.v1.TrainerService` too (the name a Kubernetes
+probe asks for), although only global rank 0 serves the RPCs. Health turns SERVING once
+that node's model is loaded and any checkpoint restored. Only rank 0's `/metrics` carries
+the trainer's series; the other nodes' is empty (they compute no statistics).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import signal
 import traceback
 from typing import Any
 
-from prometheus_client import write_to_textfile
+from prometheus_client import CollectorRegistry, write_to_textfile
 
 from flywheel_proto.v1 import trainer_pb2_grpc
 from services.buffer.client import BufferClient
@@ -58,13 +61,14 @@ class TrainerService:
         if not (self.ctx.is_main or local_main):
             return
         ep = self.cfg.services.trainer
-        registry = self.metrics.registry if self.metrics is not None else TrainerMetrics().registry
+        registry = self.metrics.registry if self.metrics is not None else CollectorRegistry()
         self.http = MetricsServer(
             "trainer", registry, lambda: self._ready, ep.host, ep.metrics_port
         )
         self.http.start()
         self.io = IOLoop()
-        names = [SERVICE_NAME] if self.ctx.is_main else []
+        # Every node answers health for the service name: a probe asks each pod for it.
+        names = [SERVICE_NAME]
 
         async def start_grpc() -> int:
             self.server = ServiceServer(

@@ -56,3 +56,17 @@ def test_jsonl_appends_one_line_per_record(tmp_path: Path) -> None:
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines] == [1, 2]
     assert lines[1]["wall_time"] == 5.0 and lines[0]["wall_time"] > 0
+
+
+def test_statistic_gauges_are_absent_until_a_step_sets_them() -> None:
+    """A (re)started trainer that has not trained exports no statistic: alert rules on
+    `importance_weight` and `behave_imp_weight` must not read a 0 as |0 - 1| = 1."""
+    m = TrainerMetrics()
+    before = generate_latest(m.registry).decode()
+    for name in ("importance_weight", "behave_imp_weight", "task_reward", "tokens_per_second"):
+        assert f"\nflywheel_trainer_{name} " not in before, name
+    assert "flywheel_trainer_steps_total 0.0" in before  # counters do read 0: nothing done
+    m.observe_step({"version": 1, "step_seconds": 0.1, "stats": {"behave_imp_weight": 0.5}})
+    after = generate_latest(m.registry).decode()
+    assert "flywheel_trainer_behave_imp_weight 0.5" in after
+    assert "\nflywheel_trainer_importance_weight " not in after  # still never set

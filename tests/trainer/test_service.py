@@ -141,3 +141,92 @@ def test_bad_config_exits_2_naming_the_field(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert "ppo_n_minibatches" in proc.stderr
+
+
+def _health(address: str, service: str) -> str:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        try:
+            resp = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=2.0
+            )
+        except grpc.RpcError as err:
+            return err.code().name  # NOT_FOUND: the name is not registered at all
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+
+
+def test_every_node_answers_the_probe_and_only_rank_0_exports_statistics(
+    tiny_model_dir: Path, tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Two trainer "nodes" of one rank each (global ranks 0 and 1, both local rank 0, as
+    two pods of the chart's trainer with nprocPerNode=1) over a real gloo group: each
+    answers grpc.health for `flywheel.v1.TrainerService` (the chart's probe), and only
+    rank 0's /metrics has the RL gauges, which appear with the first step."""
+    import os
+
+    cfg = trainer_config(
+        tiny_model_dir,
+        tmp_path,
+        "total_train_steps=1",
+        "trainer.save_freq_steps=null",
+        "rollout.consumer_batch_size=2",
+        "rollout.max_head_offpolicyness=10",
+        "trainer.claim_wait_ms=100",
+    )
+    ports = [(free_port(), free_port()) for _ in range(2)]
+    master = free_port()
+    with running_buffer(cfg, redis_server.url) as buf:
+        services = cfg.services.model_copy(
+            update={"buffer": cfg.services.buffer.model_copy(update={"port": buf.port})}
+        )
+        path = write_config(cfg.model_copy(update={"services": services}), tmp_path / "c.yaml")
+        procs, logs = [], []
+        for rank, (port, mport) in enumerate(ports):
+            env = dict(
+                os.environ,
+                RANK=str(rank),
+                LOCAL_RANK="0",
+                WORLD_SIZE="2",
+                LOCAL_WORLD_SIZE="1",
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(master),
+                OMP_NUM_THREADS="1",
+                PYTHONUNBUFFERED="1",
+            )
+            log = tmp_path / f"rank{rank}.log"
+            args = [f"services.trainer.port={port}", f"services.trainer.metrics_port={mport}"]
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "services.trainer", "--config", str(path), *args],
+                    cwd=ROOT,
+                    env=env,
+                    stdout=log.open("wb"),
+                    stderr=subprocess.STDOUT,
+                )
+            )
+            logs.append(log)
+        try:
+            for rank, (port, _) in enumerate(ports):
+                name = "flywheel.v1.TrainerService"
+                _wait(
+                    lambda p=port, n=name: _health(f"127.0.0.1:{p}", n) == "SERVING",
+                    procs[rank],
+                    logs[rank],
+                    f"rank {rank} SERVING {name}",
+                )
+            metrics = [f"http://127.0.0.1:{m}/metrics" for _, m in ports]
+            # No batch yet: no statistic anywhere (a 0 here would fire the alerts).
+            for url in metrics:
+                assert "flywheel_trainer_importance_weight " not in httpx.get(url).text
+            buf.put(synthetic_groups(tiny_model_dir, n_groups=2, seed=0))
+            for rank, proc in enumerate(procs):
+                assert proc.wait(timeout=300) == 0, logs[rank].read_text()[-3000:]
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+    final = (tmp_path / "t" / "t" / "trainer_metrics.prom").read_text()
+    assert "flywheel_trainer_importance_weight " in final  # rank 0 after its step
