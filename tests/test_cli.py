@@ -109,3 +109,50 @@ def test_invalid_config_never_reaches_the_launcher(
     assert cli.main(["run", "--config", "examples/grpo.yaml", "actor.c_clip=0.5"]) == 2
     assert calls == []
     assert "actor.c_clip = 0.5" in capsys.readouterr().err
+
+
+def _dead_run_dir(tmp_path: Path) -> Path:
+    """A run directory whose services.json names ports nothing listens on (port 1)."""
+    import json
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    dead = {"grpc": "127.0.0.1:1", "metrics": "http://127.0.0.1:1/metrics"}
+    info = {"buffer": dead, "reward": dead, "trainer": dead, "rollout": [dead]}
+    (run_dir / "services.json").write_text(json.dumps(info))
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"total_train_steps": 6}))
+    return run_dir
+
+
+def _status(run_dir: Path) -> tuple[int, dict]:
+    import json
+
+    proc = flywheel("status", str(run_dir))
+    assert proc.stdout.startswith("{"), proc.stderr[-2000:]
+    return proc.returncode, json.loads(proc.stdout)["run"]
+
+
+def test_status_reports_a_completed_run_as_completed(tmp_path: Path) -> None:
+    from services.trainer import lifecycle
+    from services.trainer.paths import RunPaths
+
+    run_dir = _dead_run_dir(tmp_path)
+    paths = RunPaths(
+        run_dir, run_dir / "checkpoints", run_dir / "w", run_dir / "metrics.jsonl", run_dir / "p"
+    )
+    ckpt = run_dir / "checkpoints" / "step_00000004"
+    ckpt.mkdir(parents=True)
+    (ckpt / lifecycle.STATE_FILE).write_text('{"step": 4, "version": 4}')
+    # Services gone, a checkpoint, no exit record: the trainer was killed.
+    code, run = _status(run_dir)
+    assert (code, run["state"], run["last_checkpoint_step"]) == (1, "failed", 4)
+    lifecycle.write_exit(paths, code=0, reason="requested", step=4, version=4)
+    code, run = _status(run_dir)
+    assert (code, run["state"]) == (1, "stopped")
+    lifecycle.write_completion(paths, step=6, version=6, total_train_steps=6, checkpoint=None)
+    code, run = _status(run_dir)
+    assert (code, run["state"], run["step"]) == (0, "completed", 6)
+    # Without services.json (the launcher's run is long over, or compose/Helm): the same.
+    (run_dir / "services.json").unlink()
+    code, run = _status(run_dir)
+    assert (code, run["state"]) == (0, "completed")

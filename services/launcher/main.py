@@ -88,7 +88,9 @@ def eval_main(argv: list[str]) -> int:
 
 
 def status_main(argv: list[str]) -> int:
-    """`flywheel status [RUN_DIR | --config FILE]`: what each service of a running job says."""
+    """`flywheel status [RUN_DIR | --config FILE]`: the run's state (completed, running,
+    stopped, failed) and what each service of a running job says. Exit 0 for a completed run
+    or one whose services all answer SERVING, 1 otherwise, 2 when there is no run there."""
     from google.protobuf.json_format import MessageToDict
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -110,15 +112,21 @@ def status_main(argv: list[str]) -> int:
         run_dir = Path(args.run_dir)
     else:
         run_dir = assets.run_dir_of(load_config(args.config, args.overrides))
+    from services.launcher.status import run_summary
+
     info_path = run_dir / "services.json"
     if not info_path.exists():
-        print(f"no running job in {run_dir} (no services.json)", file=sys.stderr)
-        return 2
+        run = run_summary(run_dir, args.config, args.overrides, trainer_running=False)
+        if run["state"] == "not started":
+            print(f"no running job in {run_dir} (no services.json)", file=sys.stderr)
+            return 2
+        print(json.dumps({"run": run}, indent=1))
+        return 0 if run["state"] == "completed" else 1
     info = json.loads(info_path.read_text())
     import os
 
     token = os.environ.get("FLYWHEEL_TOKEN")
-    report: dict[str, object] = {}
+    report: dict[str, dict[str, object]] = {}
     targets = [
         ("buffer", info["buffer"]["grpc"]),
         ("reward", info["reward"]["grpc"]),
@@ -150,5 +158,9 @@ def status_main(argv: list[str]) -> int:
         finally:
             ch.close()
         report[name] = entry
-    print(json.dumps(report, indent=1))
+    trainer_up = report["trainer"].get("health") != "UNREACHABLE"
+    run = run_summary(run_dir, args.config, args.overrides, trainer_running=trainer_up)
+    print(json.dumps({"run": run, **report}, indent=1))
+    if run["state"] == "completed":
+        return 0
     return 0 if all(e.get("health") == "SERVING" for e in report.values()) else 1

@@ -7,7 +7,9 @@ ranks (RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT set), it runs as that one r
 one rank it runs in this process.
 
 Exit codes: 0 after `total_train_steps` (or Stop / SIGTERM, after the current step);
-1 on a training failure; 2 on a bad configuration.
+1 on a training failure; 2 on a bad configuration. A run that is already complete for its
+`total_train_steps` (`completed.json` next to the checkpoints, or a last checkpoint at that
+step) exits 0 at once, before any rank starts (see `lifecycle.py`).
 """
 
 from __future__ import annotations
@@ -41,6 +43,16 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(err, file=sys.stderr)
         return 2
+    from services.trainer.lifecycle import completed_run
+
+    done = completed_run(cfg)
+    if done is not None:
+        log.info(
+            f"run already completed at step {done.get('step')} "
+            f"(total_train_steps={cfg.total_train_steps}); nothing to train",
+            extra={"checkpoint": done.get("checkpoint")},
+        )
+        return 0
     if launched_as_rank() or cfg.trainer.n_ranks == 1:
         from services.trainer.dist import finish
         from services.trainer.service import run_rank

@@ -18,9 +18,7 @@ import json
 import logging
 import os
 import random
-import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -32,38 +30,14 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-log = logging.getLogger(__name__)
+from services.trainer.lifecycle import STATE_FILE, STEP_DIR, write_json_atomic
+from services.trainer.lifecycle import latest_checkpoint as latest_checkpoint
 
-STATE_FILE = "trainer_state.json"
-_STEP_DIR = re.compile(r"^step_(\d+)$")
+log = logging.getLogger(__name__)
 
 
 def step_dir(root: str | os.PathLike[str], step: int) -> Path:
     return Path(root) / f"step_{step:08d}"
-
-
-def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
-    """The complete checkpoint with the highest step under `root`, or None."""
-    root = Path(root)
-    if not root.is_dir():
-        return None
-    best: tuple[int, Path] | None = None
-    for child in root.iterdir():
-        m = _STEP_DIR.match(child.name)
-        if m and (child / STATE_FILE).is_file():
-            step = int(m.group(1))
-            if best is None or step > best[0]:
-                best = (step, child)
-    return None if best is None else best[1]
-
-
-def _write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(payload, fh, indent=1, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 def _rng_state() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -123,10 +97,10 @@ def save_checkpoint(
     dcp.save(state, checkpoint_id=str(path / "dcp"))
     tensors, meta = _rng_state()
     save_file(tensors, str(path / "rng" / f"rank_{rank}.safetensors"))
-    _write_json_atomic(path / "rng" / f"rank_{rank}.json", meta)
+    write_json_atomic(path / "rng" / f"rank_{rank}.json", meta)
     _barrier()
     if rank == 0:
-        _write_json_atomic(path / STATE_FILE, {**trainer_state, "step": step})
+        write_json_atomic(path / STATE_FILE, {**trainer_state, "step": step})
         if keep_last:
             prune_checkpoints(root, keep_last)
     _barrier()
@@ -179,7 +153,7 @@ def prune_checkpoints(root: str | os.PathLike[str], keep_last: int) -> list[Path
     done = sorted(
         (int(m.group(1)), c)
         for c in root.iterdir()
-        if (m := _STEP_DIR.match(c.name)) and (c / STATE_FILE).is_file()
+        if (m := STEP_DIR.match(c.name)) and (c / STATE_FILE).is_file()
     )
     removed = [c for _, c in done[: max(0, len(done) - keep_last)]]
     for c in removed:

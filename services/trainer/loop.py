@@ -12,13 +12,28 @@ Order of one step (rank 0's side in brackets):
 The checkpoint is written before the ack and records the batch's group ids, so a crash
 between the two is repaired on resume by acknowledging them again (acks are idempotent).
 
-Exactly-once around crashes: before every claim rank 0 records the claim's request id in
-`<run_dir>/trainer_claim.json`. A resumed trainer first repeats that claim with the same
-id; the buffer answers a repeated claim with the groups the first one handed out if they
-are still unacknowledged, so a batch that was in flight when the old process died is
-trained first instead of waiting for the buffer's idle-time redelivery. Groups acknowledged
-after the last checkpoint were trained by a model state that is gone; that is the usual
-cost of checkpoint intervals, and `save_freq_steps` bounds it.
+Resume (`trainer.recover: auto`), in this order, before the first claim:
+1. load the latest checkpoint: step s, version v_ckpt, weights, optimizer, schedulers, RNG;
+2. acknowledge the checkpoint's own batch again (the crash may have come before its ack);
+3. choose the version: v_ckpt, unless the buffer or a rollout replica has seen a higher one
+   (the dead trainer went on past the checkpoint and published its weights). Then the
+   restored weights get v = max(buffer, replicas) + 1: versions never repeat, so a version
+   tag names one set of weights, and every token already generated or being generated has
+   v_behave < v;
+4. set that version on the buffer and publish the restored weights to every replica that
+   does not serve it;
+5. cut `metrics.jsonl` back to step s: the records of steps trained after the checkpoint
+   move to `metrics.lost.jsonl` (their weights are gone; the step numbers are trained again);
+6. repeat the claim that was in flight when the old process died (its request id is kept
+   in `<run_dir>/trainer_claim.json`): the buffer hands back those groups that are still
+   fresh at v (v - v_behave <= eta) and drops the others as stale, so they are trained once
+   and within the bound, without waiting for the buffer's idle-time redelivery.
+Groups acknowledged after the checkpoint were trained by weights that are gone: they stay
+acknowledged (the buffer's ledger counts them once) and are never served again; that is the
+cost of a checkpoint interval, and `save_freq_steps` bounds it.
+
+A run that reached `total_train_steps` writes `completed.json` next to its checkpoints
+(see `lifecycle.py`); every exit writes `<run_dir>/trainer_exit.json`.
 """
 
 from __future__ import annotations
@@ -37,6 +52,7 @@ from services.buffer.client import BufferClient, VersionRegressionError
 from services.common.codec import TrajectoryGroup, group_from_proto, group_to_proto
 from services.common.config import FlywheelConfig
 from services.trainer import checkpoint as ckpt
+from services.trainer import lifecycle
 from services.trainer.control import Control, SavedCheckpoint
 from services.trainer.dist import broadcast_bytes, broadcast_json
 from services.trainer.io_loop import IOLoop
@@ -48,6 +64,7 @@ from services.trainer.weight_sync import WeightPublisher
 log = logging.getLogger(__name__)
 
 CLAIM_FILE = "trainer_claim.json"
+LOST_METRICS_FILE = "metrics.lost.jsonl"
 
 
 def consumer_id(cfg: FlywheelConfig) -> str:
@@ -154,7 +171,47 @@ class TrainerLoop:
     # -- the loop ----------------------------------------------------------------------------
     def run(self) -> int:
         """Train until `total_train_steps`, Stop or SIGTERM; returns the exit code."""
-        code = 0
+        try:
+            code, reason = self._run()
+        except BaseException as exc:
+            self._write_exit(1, f"{type(exc).__name__}: {exc}")
+            raise
+        self._write_exit(code, reason)
+        return code
+
+    def _write_exit(self, code: int, reason: str) -> None:
+        if not self.ctx.is_main:
+            return
+        try:
+            lifecycle.write_exit(
+                self.paths,
+                code=code,
+                reason=reason,
+                step=self.trainer.step,
+                version=self.trainer.version,
+            )
+        except OSError:
+            log.exception("could not write the exit record")
+
+    def _complete(self) -> None:
+        """Rank 0: the durable record that this run reached `total_train_steps`."""
+        total = self.cfg.total_train_steps
+        assert total is not None
+        latest = ckpt.latest_checkpoint(self.paths.checkpoint_dir)
+        path = lifecycle.write_completion(
+            self.paths,
+            step=self.trainer.step,
+            version=self.trainer.version,
+            total_train_steps=total,
+            checkpoint=str(latest) if latest else None,
+        )
+        log.info(
+            "run completed",
+            extra={"step": self.trainer.step, "version": self.trainer.version, "record": str(path)},
+        )
+
+    def _run(self) -> tuple[int, str]:
+        code, reason = 0, "requested"
         self._resume()
         if self.on_ready is not None:
             self.on_ready()
@@ -180,10 +237,12 @@ class TrainerLoop:
             elif op == "idle":
                 continue
             elif op == "stop":
-                log.info("trainer stopping", extra={"reason": cmd.get("reason")})
+                reason = str(cmd.get("reason"))
+                log.info("trainer stopping", extra={"reason": reason})
                 break
             elif op == "fail":
-                log.error("trainer failed", extra={"reason": cmd.get("reason")})
+                reason = str(cmd.get("reason"))
+                log.error("trainer failed", extra={"reason": reason})
                 code = 1
                 break
         if code == 0 and self._should_save_on_exit():
@@ -191,8 +250,10 @@ class TrainerLoop:
         if self.ctx.is_main:
             for fut in self.control.take_save_requests():
                 fut.set_exception(RuntimeError("the trainer stopped before saving"))
+            if code == 0 and reason == "total_train_steps":
+                self._complete()
             self.control.update(phase="done")
-        return code
+        return code, reason
 
     def _should_save_on_exit(self) -> bool:
         t = self.cfg.trainer
@@ -300,8 +361,8 @@ class TrainerLoop:
             "task_reward": r.stats.get("task_reward"),
             "staleness_max": r.stats.get("staleness_max", 0.0),
             "staleness_avg": r.stats.get("staleness_avg", 0.0),
-            "importance_weight": r.stats.get("importance_weight"),
-            "behave_imp_weight": r.stats.get("behave_imp_weight"),
+            "importance_weight": r.stats.get("importance_weight/avg"),
+            "behave_imp_weight": r.stats.get("behave_imp_weight/avg"),
             "no_eos_ratio": r.stats.get("no_eos_ratio"),
             "loss": r.loss,
             "losses": r.minibatch_losses,
@@ -432,10 +493,7 @@ class TrainerLoop:
                     last_checkpoint=str(self.paths.checkpoint_dir / name),
                     last_checkpoint_step=self.trainer.step,
                 )
-                log.info(
-                    "resumed",
-                    extra={"step": self.trainer.step, "version": self.trainer.version},
-                )
+        needs_push = False
         if self.ctx.is_main:
             assert self.buffer is not None
             self.paths.run_dir.mkdir(parents=True, exist_ok=True)
@@ -444,23 +502,13 @@ class TrainerLoop:
                 self._replay_request_id = json.loads(claim_file.read_text()).get("request_id")
             if self.last_batch_ids:
                 self._ack(self.last_batch_ids)  # the crash may have come before the ack
-            have = self._io(self.buffer.get_version())
-            if have > target_version:
-                # Versions only move forward: steps after the checkpoint are lost, so the
-                # restored weights become a new version above everything published.
-                target_version = have + 1
-                log.warning(
-                    "buffer is ahead of the checkpoint; restored weights get a new version",
-                    extra={"buffer_version": have, "version": target_version},
-                )
+            target_version, replicas = self._resume_version(target_version)
             if target_version > 0:
                 self._set_buffer_version(target_version)
-        target_version = int(broadcast_json(target_version))
-        needs_push = False
-        if self.ctx.is_main and self.publisher is not None and self.publisher.enabled:
-            versions = self._io(self.publisher.versions())
-            stale = [a for a, v in versions.items() if v is None or v != target_version]
+            stale = [a for a, v in replicas.items() if v is None or v != target_version]
             needs_push = bool(stale) and target_version > 0
+            self._cut_metrics(self.trainer.step)
+        target_version = int(broadcast_json(target_version))
         needs_push = bool(broadcast_json(needs_push))
         self.trainer.version = target_version
         if needs_push:
@@ -474,3 +522,74 @@ class TrainerLoop:
                 )
         if self.ctx.is_main:
             self.control.update(step=self.trainer.step, version=self.trainer.version)
+            if name:
+                log.info(
+                    "resumed",
+                    extra={
+                        "step": self.trainer.step,
+                        "version": self.trainer.version,
+                        "checkpoint": name,
+                    },
+                )
+
+    def _resume_version(self, version: int) -> tuple[int, dict[str, int | None]]:
+        """Rank 0: the version of the restored weights, and each replica's version now.
+
+        The checkpoint's version, unless the buffer or a replica has seen a higher one: the
+        dead trainer trained and published past its last checkpoint, and those weights are
+        gone. Reusing their numbers would give two sets of weights one tag and leave tokens
+        with v_behave > v; the restored weights get the next unused version instead."""
+        assert self.buffer is not None
+        replicas: dict[str, int | None] = {}
+        if self.publisher is not None and self.publisher.enabled:
+            replicas = self._io(self.publisher.versions())
+        have = self._io(self.buffer.get_version())
+        seen = max([have, *(v for v in replicas.values() if v is not None)])
+        if seen > version:
+            log.warning(
+                "the buffer or a replica is ahead of the checkpoint (the dead trainer went on "
+                "past it); the restored weights get a new version",
+                extra={
+                    "checkpoint_version": version,
+                    "buffer_version": have,
+                    "replica_versions": replicas,
+                    "version": seen + 1,
+                },
+            )
+            version = seen + 1
+        return version, replicas
+
+    def _cut_metrics(self, step: int) -> None:
+        """Rank 0: `metrics.jsonl` keeps the steps up to the resumed one, each once; records
+        of steps after it (trained by weights that are gone) move to `metrics.lost.jsonl`."""
+        path = self.paths.metrics_jsonl
+        if not path.is_file():
+            return
+        keep: list[str] = []
+        lost: list[str] = []
+        lines = [x for x in path.read_text().splitlines() if x.strip()]
+        for line in lines:
+            try:
+                record_step = json.loads(line).get("step")
+            except ValueError:  # a line cut short by the crash
+                continue
+            (lost if isinstance(record_step, int) and record_step > step else keep).append(line)
+        if len(keep) == len(lines):
+            return
+        lost_groups = sum(len(json.loads(x).get("group_ids", [])) for x in lost)
+        with open(path.with_name(LOST_METRICS_FILE), "a") as fh:
+            fh.writelines(x + "\n" for x in lost)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(x + "\n" for x in keep))
+        os.replace(tmp, path)
+        if lost:
+            log.warning(
+                "steps after the checkpoint were lost with the old trainer; they are trained "
+                "again (their groups stay acknowledged)",
+                extra={
+                    "resumed_at_step": step,
+                    "lost_steps": [json.loads(x).get("step") for x in lost],
+                    "lost_groups": lost_groups,
+                    "moved_to": str(path.with_name(LOST_METRICS_FILE)),
+                },
+            )
