@@ -90,7 +90,9 @@ class RolloutConfig(FlywheelModel):
     """Flywheel: most assistant turns of a multi-turn workflow."""
 
     turn_discount: float = Field(default=1.0, ge=0.0, le=1.0)
-    """Flywheel: reward discount per extra turn in the multi-turn workflow."""
+    """Discount γ of the multi-turn workflow's per-turn rewards (AReaL's
+    `turn_discount`): walking from the last turn to the first, cur = cur·γ + r_i; the
+    episode's reward is the value at the first turn."""
 
     sglang: SGLangServerConfig = Field(default_factory=SGLangServerConfig)
     """Flywheel: SGLang server settings (engine `sglang` only)."""

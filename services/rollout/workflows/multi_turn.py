@@ -1,15 +1,23 @@
 """Multi-turn: the model answers, is told when it is wrong, and retries up to `max_turns`.
 
 Each sample is one episode. After an answer scored below `success_threshold`, a feedback
-message is appended (not trained on: loss_mask 0) and the model answers again. The episode's
-reward is the last score times `turn_discount ** (turns - 1)`, so an answer right at the
-first try is worth more than one found after feedback (AReaL's `MultiTurnWorkflow`).
-`turn_ids` marks the tokens of assistant turn t with t and everything else with -1.
+message is appended (not trained on: loss_mask 0) and the model answers again. Every turn
+is scored, and the per-turn rewards r_0..r_{T-1} are propagated backwards with AReaL's
+`turn_discount` walk (`apply_reward_discount` in areal/experimental/openai/cache.py):
+from the last turn to the first, cur = cur * turn_discount + r_i, so turn i is worth
+G_i = r_i + γ r_{i+1} + ... + γ^{T-1-i} r_{T-1}. The episode's reward is G_0, the return
+seen from its first turn; all G_i are in `metadata["turn_rewards"]` (JSON). When the
+failed turns score 0 (a 0/1 reward), G_0 = γ^{T-1} r_{T-1}: AReaL's `MultiTurnWorkflow`
+(areal/workflow/multi_turn.py), where an answer right at the first try is worth more than
+one found after feedback. `turn_ids` marks the tokens of assistant turn t with t and
+everything else with -1.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import Sequence
 from typing import Any
 
 from services.common.codec import Trajectory, TrajectoryGroup
@@ -24,6 +32,17 @@ from services.rollout.workflows.base import (
 )
 
 DEFAULT_FEEDBACK = "Your answer is either wrong or not parsable. Please try again.\n"
+
+
+def discount_turn_rewards(rewards: Sequence[float], turn_discount: float) -> list[float]:
+    """Per-turn returns G_i from per-turn rewards r_i: walk from the last turn to the first
+    with cur = cur * turn_discount + r_i (AReaL's `apply_reward_discount`)."""
+    out = [0.0] * len(rewards)
+    cur = 0.0
+    for i in range(len(rewards) - 1, -1, -1):
+        cur = cur * turn_discount + float(rewards[i])
+        out[i] = cur
+    return out
 
 
 class MultiTurnWorkflow:
@@ -72,6 +91,7 @@ class MultiTurnWorkflow:
         pieces: list[tuple[list[int], list[float], list[int], int]] = []
         kwargs = reward_kwargs(data)
         reward, status, stop_reason, message = 0.0, "OK", "stop", ""
+        turn_rewards: list[float] = []
         turns_used = 0
         for turn in range(self.max_turns):
             c = await engine.agenerate(context, sampling)
@@ -100,6 +120,7 @@ class MultiTurnWorkflow:
                 score.status,
                 score.message,
             )
+            turn_rewards.append(reward)
             if reward >= self.success_threshold or turn == self.max_turns - 1:
                 break
             if c.stop_reason == "abort":
@@ -107,13 +128,18 @@ class MultiTurnWorkflow:
             fb = self._feedback_tokens()
             pieces.append((fb, [], [], -1))
             context.extend(fb)
-        meta = {"reward_status": status, "turns": str(turns_used)}
+        returns = discount_turn_rewards(turn_rewards, self.turn_discount)
+        meta = {
+            "reward_status": status,
+            "turns": str(turns_used),
+            "turn_rewards": json.dumps(returns),
+        }
         if message:
             meta["reward_error"] = message
         return build_trajectory(
             prompt_ids,
             pieces,
-            reward=reward * self.turn_discount ** (turns_used - 1),
+            reward=returns[0] if returns else 0.0,
             stop_reason=stop_reason,
             metadata=meta,
             multi_turn=True,
