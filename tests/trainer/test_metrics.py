@@ -26,7 +26,7 @@ def test_observe_step_exports_named_and_other_stats() -> None:
         "prox_forwards": 2,
         "phase_seconds": {"train": 0.3, "prox": 0.1},
         "staleness_per_seq": [0, 1, 1, 2],
-        "stats": {"importance_weight": 1.0, "seq_len": 12.5, "prox_alpha": 0.25},
+        "stats": {"importance_weight/avg": 1.0, "seq_len": 12.5, "prox_alpha": 0.25},
     }
     m.observe_step(record)
     text = generate_latest(m.registry).decode()
@@ -66,7 +66,7 @@ def test_statistic_gauges_are_absent_until_a_step_sets_them() -> None:
     for name in ("importance_weight", "behave_imp_weight", "task_reward", "tokens_per_second"):
         assert f"\nflywheel_trainer_{name} " not in before, name
     assert "flywheel_trainer_steps_total 0.0" in before  # counters do read 0: nothing done
-    m.observe_step({"version": 1, "step_seconds": 0.1, "stats": {"behave_imp_weight": 0.5}})
+    m.observe_step({"version": 1, "step_seconds": 0.1, "task_reward": 0.5})
     after = generate_latest(m.registry).decode()
-    assert "flywheel_trainer_behave_imp_weight 0.5" in after
+    assert "flywheel_trainer_task_reward 0.5" in after
     assert "\nflywheel_trainer_importance_weight " not in after  # still never set
