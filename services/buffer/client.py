@@ -2,16 +2,18 @@
 
 Every state-changing call carries a `request_id` generated once per logical call and reused
 on each retry, so retrying after a lost answer is harmless (the buffer deduplicates puts by
-group id and answers Claim/ReserveCapacity/SetVersion retries from a short-lived record).
-Transient failures (UNAVAILABLE, DEADLINE_EXCEEDED) are retried with backoff; a full buffer
-(RESOURCE_EXHAUSTED with a `retry-after-ms` trailer) is waited out for up to
-`backpressure_wait_s`; everything else is raised at once as a typed error.
+group id and answers Claim/ReserveCapacity/SetVersion retries from a short-lived record;
+Release and Ack are idempotent by reservation and group id). So every call is retried on an
+outage (UNAVAILABLE, DEADLINE_EXCEEDED: the buffer restarting, or Redis behind it) with
+bounded back-off for up to `outage_budget_s` (minutes by default: a call made while the
+buffer or Redis restarts succeeds once it is back); a full buffer (RESOURCE_EXHAUSTED with a
+`retry-after-ms` trailer) is waited out for up to `backpressure_wait_s`; everything else is
+raised at once as a typed error. The outage is reported to the client's `PeerHealth`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -23,7 +25,14 @@ import grpc
 from flywheel_proto.v1 import buffer_pb2, buffer_pb2_grpc, common_pb2
 from services.buffer import wire
 from services.common.codec import CodecLimits, TrajectoryGroup, group_from_proto, group_to_proto
-from services.common.grpc_client import make_channel
+from services.common.grpc_client import (
+    BACKOFF_CAP_S,
+    DEFAULT_OUTAGE_BUDGET_S,
+    OUTAGE,
+    RetryingClient,
+    make_channel,
+)
+from services.common.outage import PeerHealth
 
 T = TypeVar("T")
 
@@ -35,7 +44,6 @@ _RESULT_NAMES = {
     buffer_pb2.ADMISSION_RESULT_INVALID: "invalid",
     buffer_pb2.ADMISSION_RESULT_FULL: "full",
 }
-_TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 class BufferClientError(Exception):
@@ -140,10 +148,12 @@ def _trailer(err: grpc.RpcError, key: str) -> str | None:
     return None
 
 
-class BufferClient:
+class BufferClient(RetryingClient):
     """Async client of `flywheel.v1.BufferService`; use as `async with BufferClient(addr) as c`.
 
-    `timeout` is the deadline of one attempt; `retries` bounds retries of transient failures.
+    `timeout` is the deadline of one attempt; an outage is retried for `outage_budget_s`
+    seconds (and at most `retries` times when that is set; 0 turns retries off); `peer`
+    receives the outcome of every attempt (default: a `PeerHealth` of its own, unexported).
     """
 
     def __init__(
@@ -153,11 +163,13 @@ class BufferClient:
         auth_token: str | None = None,
         max_message_bytes: int = 64 << 20,
         timeout: float = 30.0,
-        retries: int = 5,
+        retries: int | None = None,
+        outage_budget_s: float = DEFAULT_OUTAGE_BUDGET_S,
         backpressure_wait_s: float = 300.0,
         codec_limits: CodecLimits = CodecLimits(),
+        peer: PeerHealth | None = None,
     ) -> None:
-        self.address = address
+        self._retry_settings("buffer", address, timeout, retries, outage_budget_s, peer)
         self.channel = make_channel(
             address, max_message_bytes=max_message_bytes, auth_token=auth_token
         )
@@ -173,8 +185,6 @@ class BufferClient:
             request_serializer=None,
             response_deserializer=buffer_pb2.PutManyResponse.FromString,
         )
-        self.timeout = timeout
-        self.retries = retries
         self.backpressure_wait_s = backpressure_wait_s
         self.codec_limits = codec_limits
 
@@ -194,33 +204,32 @@ class BufferClient:
         *,
         timeout: float | None = None,
     ) -> T:
-        """One logical call: retries transient failures and waits out backpressure."""
-        attempt = 0
+        """One logical call: rides through an outage and waits out backpressure."""
         backpressure_deadline = time.monotonic() + self.backpressure_wait_s
         while True:
             try:
-                return await method(request, timeout=timeout or self.timeout)
+                return await self._retrying(method, request, timeout=timeout, retry_codes=OUTAGE)
             except grpc.RpcError as err:
-                code = err.code()
-                if code in _TRANSIENT and attempt < self.retries:
-                    attempt += 1
-                    await asyncio.sleep(min(2.0, 0.05 * 2**attempt) * (0.5 + random.random() / 2))
-                    continue
                 hint = (
                     _trailer(err, "retry-after-ms")
-                    if code == grpc.StatusCode.RESOURCE_EXHAUSTED
+                    if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
                     else None
                 )
-                if hint is not None:
-                    wait = int(hint) / 1000.0
-                    if time.monotonic() + wait <= backpressure_deadline:
-                        await asyncio.sleep(wait)
-                        continue
+                if hint is None:  # not backpressure (a group too large cannot fit later)
+                    raise
+                wait = int(hint) / 1000.0
+                if time.monotonic() + wait > backpressure_deadline:
                     raise BufferFullError(
                         f"buffer at {self.address} still full after {self.backpressure_wait_s}s: "
                         f"{err.details()}"
                     ) from err
-                raise
+                await asyncio.sleep(wait)
+
+    def longest_call_s(self, attempt_timeout: float | None = None) -> float:
+        """How long one call can take through an outage (backpressure waits aside): the
+        budget, one more attempt at its deadline, one back-off. For callers that guard a
+        call with a deadline of their own (the trainer's rank 0)."""
+        return self.outage_budget_s + (attempt_timeout or self.timeout) + BACKOFF_CAP_S
 
     @staticmethod
     def _rid(request_id: str | None) -> str:

@@ -13,9 +13,11 @@
 Batches larger than the service's `max_batch_size` are split (the size is asked once
 with ListFunctions) and the parts are sent concurrently; results come back in item order.
 Every part carries a request_id derived from the call's, so the retries `call_with_retry`
-makes on UNAVAILABLE / DEADLINE_EXCEEDED / RESOURCE_EXHAUSTED never score twice.
-An RPC that still fails raises `RewardClientError` (with the gRPC code): the service was
-unreachable or refused the request; per-item failures are never raised, they are statuses.
+makes on UNAVAILABLE / DEADLINE_EXCEEDED / RESOURCE_EXHAUSTED never score twice. An outage
+of the service (a restart) is ridden through for up to `outage_budget_s` and reported to
+the client's `PeerHealth`. An RPC that still fails raises `RewardClientError` (with the gRPC
+code): the service stayed unreachable or refused the request; per-item failures are never
+raised, they are statuses.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from typing import Any
 import grpc
 
 from flywheel_proto.v1 import common_pb2, reward_pb2, reward_pb2_grpc
-from services.common.grpc_client import call_with_retry, make_channel
+from services.common.grpc_client import DEFAULT_OUTAGE_BUDGET_S, RetryingClient, make_channel
+from services.common.outage import PeerHealth
 
 
 class RewardStatus(enum.StrEnum):
@@ -96,8 +99,11 @@ class RewardClientError(RuntimeError):
         self.details = details
 
 
-class RewardClient:
-    """Async client; one channel, safe to share between coroutines of one event loop."""
+class RewardClient(RetryingClient):
+    """Async client; one channel, safe to share between coroutines of one event loop.
+
+    `timeout` is the deadline of one attempt; an outage is retried for `outage_budget_s`
+    seconds (and at most `retries` times when that is set; 0 turns retries off)."""
 
     def __init__(
         self,
@@ -105,13 +111,13 @@ class RewardClient:
         *,
         auth_token: str | None = None,
         timeout: float = 300.0,
-        retries: int = 3,
+        retries: int | None = None,
+        outage_budget_s: float = DEFAULT_OUTAGE_BUDGET_S,
         max_message_bytes: int = 64 << 20,
         max_batch_size: int | None = None,
+        peer: PeerHealth | None = None,
     ) -> None:
-        self.address = address
-        self.timeout = timeout
-        self.retries = retries
+        self._retry_settings("reward", address, timeout, retries, outage_budget_s, peer)
         self._channel = make_channel(
             address, max_message_bytes=max_message_bytes, auth_token=auth_token
         )
@@ -130,13 +136,7 @@ class RewardClient:
 
     async def _call(self, method: Any, request: Any, timeout: float | None) -> Any:
         try:
-            return await call_with_retry(
-                method,
-                request,
-                timeout=timeout if timeout is not None else self.timeout,
-                retries=self.retries,
-                idempotent=True,
-            )
+            return await self._retrying(method, request, timeout=timeout)
         except grpc.RpcError as err:
             code = err.code() if hasattr(err, "code") else None
             details = err.details() if hasattr(err, "details") else str(err)

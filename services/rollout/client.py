@@ -5,18 +5,28 @@ Retries follow one rule: a call is repeated only when repeating is harmless. Rea
 retried on transient errors; a disk update carries a `request_id` the replica deduplicates
 on, so it is retried too. A distributed update is a collective broadcast and a weight
 stream is consumed as it is sent: neither is retried here, the caller decides.
+
+An outage of the replica is retried for `outage_budget_s`, seconds by default rather than
+the minutes of the buffer's clients: the trainer skips a replica that misses an update and
+brings it up to date when it is back (it also pulls the newest weights itself), so one
+restarting replica must not hold a training step. The channel reconnects within seconds of
+the replica's return (services/common/grpc_client.py).
 """
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+import grpc
+
 from flywheel_proto.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
-from services.common.grpc_client import call_with_retry, make_channel
+from services.common.grpc_client import OUTAGE, RetryingClient, make_channel, status_code
 from services.common.grpc_server import DEFAULT_MAX_MESSAGE_BYTES
+from services.common.outage import PeerHealth
 from services.rollout.types import Completion, RolloutStatsView, SamplingParams, UpdateResult
 
 if TYPE_CHECKING:  # torch is only needed by callers that send tensors
@@ -26,6 +36,7 @@ if TYPE_CHECKING:  # torch is only needed by callers that send tensors
 
 DEFAULT_BUCKET_BYTES = 64 << 20
 DEFAULT_CHUNK_BYTES = 4 << 20
+DEFAULT_OUTAGE_BUDGET_S = 10.0
 
 
 @dataclass
@@ -41,7 +52,7 @@ def _rid(request_id: str | None) -> str:
     return request_id or uuid.uuid4().hex
 
 
-class RolloutClient:
+class RolloutClient(RetryingClient):
     """One replica at `address` (`host:port`). Use as `async with RolloutClient(...) as c:`."""
 
     def __init__(
@@ -50,13 +61,13 @@ class RolloutClient:
         *,
         auth_token: str | None = None,
         timeout: float = 60.0,
-        retries: int = 3,
+        retries: int | None = None,
+        outage_budget_s: float = DEFAULT_OUTAGE_BUDGET_S,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         weight_update_timeout: float = 600.0,
+        peer: PeerHealth | None = None,
     ) -> None:
-        self.address = address
-        self.timeout = timeout
-        self.retries = retries
+        self._retry_settings("rollout", address, timeout, retries, outage_budget_s, peer)
         self.weight_update_timeout = weight_update_timeout
         self._channel = make_channel(
             address, max_message_bytes=max_message_bytes, auth_token=auth_token
@@ -71,17 +82,6 @@ class RolloutClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-    async def _call(
-        self, method: Any, request: Any, *, idempotent: bool, timeout: float | None = None
-    ) -> Any:
-        return await call_with_retry(
-            method,
-            request,
-            timeout=timeout or self.timeout,
-            retries=self.retries,
-            idempotent=idempotent,
-        )
 
     # ------------------------------------------------------------------ generation
 
@@ -105,7 +105,7 @@ class RolloutClient:
         else:
             for ids in prompt_ids or ():
                 req.prompt_ids.add(ids=list(ids))
-        resp = await self._call(self._stub.Generate, req, idempotent=True, timeout=timeout)
+        resp = await self._retrying(self._stub.Generate, req, idempotent=True, timeout=timeout)
         return GenerateResult([Completion.from_proto(c) for c in resp.completions], resp.version)
 
     # ---------------------------------------------------------------- weights
@@ -143,7 +143,7 @@ class RolloutClient:
             raise ValueError(
                 f"transport={transport!r}: use 'disk', 'distributed' or stream_weights()"
             )
-        resp = await self._call(
+        resp = await self._retrying(
             self._stub.UpdateWeights,
             req,
             idempotent=idempotent,
@@ -182,7 +182,16 @@ class RolloutClient:
         chunks = iter_weight_chunks(
             named_tensors, manifest, chunk_bytes=chunk_bytes, request_id=_rid(request_id)
         )
-        resp = await self._stub.StreamWeights(chunks, timeout=timeout or self.weight_update_timeout)
+        started = time.monotonic()
+        try:
+            resp = await self._stub.StreamWeights(
+                chunks, timeout=timeout or self.weight_update_timeout
+            )
+        except grpc.RpcError as err:  # not retried (the stream is consumed), but reported
+            if status_code(err) in OUTAGE:
+                self.peer.failed(since=started)
+            raise
+        self.peer.answered()
         return UpdateResult.from_proto(resp)
 
     async def init_weights_group(
@@ -208,7 +217,7 @@ class RolloutClient:
             backend=backend,
             group_name=group_name,
         )
-        resp = await self._call(
+        resp = await self._retrying(
             self._stub.InitWeightsGroup,
             req,
             idempotent=False,
@@ -223,13 +232,13 @@ class RolloutClient:
 
     async def pause(self, request_id: str | None = None) -> int:
         """Stop starting new groups and pause decoding between steps; returns the version."""
-        resp = await self._call(
+        resp = await self._retrying(
             self._stub.Pause, rollout_pb2.PauseRequest(request_id=_rid(request_id)), idempotent=True
         )
         return int(resp.version)
 
     async def resume(self, request_id: str | None = None) -> int:
-        resp = await self._call(
+        resp = await self._retrying(
             self._stub.Resume,
             rollout_pb2.PauseRequest(request_id=_rid(request_id)),
             idempotent=True,
@@ -237,9 +246,9 @@ class RolloutClient:
         return int(resp.version)
 
     async def get_version(self) -> int:
-        resp = await self._call(self._stub.GetVersion, common_pb2.Empty(), idempotent=True)
+        resp = await self._retrying(self._stub.GetVersion, common_pb2.Empty(), idempotent=True)
         return int(resp.version)
 
     async def stats(self) -> RolloutStatsView:
-        resp = await self._call(self._stub.Stats, common_pb2.Empty(), idempotent=True)
+        resp = await self._retrying(self._stub.Stats, common_pb2.Empty(), idempotent=True)
         return RolloutStatsView.from_proto(resp)

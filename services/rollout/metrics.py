@@ -17,6 +17,8 @@
 | `flywheel_rollout_reward_failures_total{status}` | counter | `TIMEOUT`/`ERROR` rising: reward function slow or broken |
 | `flywheel_rollout_task_reward` | gauge | mean reward of the last group produced |
 | `flywheel_rollout_paused` | gauge | 1 for long: the trainer paused generation (sync mode) or a drain is stuck |
+| `flywheel_rollout_peer_unavailable_seconds_total{peer}` | counter | rising: the `buffer` or `reward` service (or Redis behind the buffer) is down; calls wait and retry (services/common/outage.py) |
+| `flywheel_rollout_peer_unavailable{peer}` | gauge | 1: the last call to `peer` found no server |
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import collections
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from services.common.outage import PeerOutageMetrics
 
 _UPDATE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
@@ -106,6 +110,7 @@ class RolloutMetrics:
             "flywheel_rollout_task_reward", "Mean reward of the last group produced.", registry=r
         )
         self.paused = Gauge("flywheel_rollout_paused", "1 while generation is paused.", registry=r)
+        self.peers = PeerOutageMetrics("rollout", r)
         self._recent_no_eos: collections.deque[bool] = collections.deque(maxlen=no_eos_window)
         self._last_tokens = 0
         self._counted_tokens = 0

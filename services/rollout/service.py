@@ -161,13 +161,19 @@ class RolloutService:
         cfg = self.cfg
         s = cfg.services
         buffer = BufferClient(
-            s.buffer.address, auth_token=s.auth_token, max_message_bytes=s.max_message_bytes
+            s.buffer.address,
+            auth_token=s.auth_token,
+            max_message_bytes=s.max_message_bytes,
+            outage_budget_s=s.peer_outage_budget_s,
+            peer=self.metrics.peers.peer("buffer", s.buffer.address),
         )
         reward = RewardClient(
             s.reward.address,
             auth_token=s.auth_token,
             max_message_bytes=s.max_message_bytes,
             timeout=max(60.0, cfg.reward.deadline_ms / 1000.0 * 4),
+            outage_budget_s=s.peer_outage_budget_s,
+            peer=self.metrics.peers.peer("reward", s.reward.address),
         )
         self._clients = [buffer, reward]
         sampling = SamplingParams.from_gconfig(cfg.gconfig)

@@ -2,7 +2,9 @@
 
 Status is a read and retried on transient errors; Pause/Resume/Stop set a state and are
 harmless to repeat; SaveCheckpoint carries a `request_id` the trainer deduplicates on (a
-retry returns the first attempt's checkpoint), so every call here is retried.
+retry returns the first attempt's checkpoint), so every call here is retried. An outage
+(the trainer restarting) is ridden through for `outage_budget_s`, seconds by default: its
+callers (the launcher, `flywheel status`) want an answer soon and ask again.
 """
 
 from __future__ import annotations
@@ -11,8 +13,11 @@ import uuid
 from dataclasses import dataclass, field
 
 from flywheel_proto.v1 import common_pb2, trainer_pb2, trainer_pb2_grpc
-from services.common.grpc_client import call_with_retry, make_channel
+from services.common.grpc_client import RetryingClient, make_channel
 from services.common.grpc_server import DEFAULT_MAX_MESSAGE_BYTES
+from services.common.outage import PeerHealth
+
+DEFAULT_OUTAGE_BUDGET_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -61,7 +66,7 @@ class CheckpointView:
     version: int
 
 
-class TrainerClient:
+class TrainerClient(RetryingClient):
     """The trainer's rank 0 at `address`. Use as `async with TrainerClient(...) as c:`."""
 
     def __init__(
@@ -70,12 +75,12 @@ class TrainerClient:
         *,
         auth_token: str | None = None,
         timeout: float = 10.0,
-        retries: int = 3,
+        retries: int | None = None,
+        outage_budget_s: float = DEFAULT_OUTAGE_BUDGET_S,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        peer: PeerHealth | None = None,
     ) -> None:
-        self.address = address
-        self.timeout = timeout
-        self.retries = retries
+        self._retry_settings("trainer", address, timeout, retries, outage_budget_s, peer)
         self._channel = make_channel(
             address, max_message_bytes=max_message_bytes, auth_token=auth_token
         )
@@ -92,20 +97,12 @@ class TrainerClient:
 
     async def _control(self, method, request_id: str | None) -> TrainerStatusView:  # type: ignore[no-untyped-def]
         req = trainer_pb2.ControlRequest(request_id=request_id or uuid.uuid4().hex)
-        resp = await call_with_retry(
-            method, req, timeout=self.timeout, retries=self.retries, idempotent=True
-        )
-        return TrainerStatusView.from_proto(resp)
+        return TrainerStatusView.from_proto(await self._retrying(method, req))
 
     async def status(self) -> TrainerStatusView:
-        resp = await call_with_retry(
-            self._stub.Status,
-            common_pb2.Empty(),
-            timeout=self.timeout,
-            retries=self.retries,
-            idempotent=True,
+        return TrainerStatusView.from_proto(
+            await self._retrying(self._stub.Status, common_pb2.Empty())
         )
-        return TrainerStatusView.from_proto(resp)
 
     async def pause(self, request_id: str | None = None) -> TrainerStatusView:
         """Stop taking new batches after the current step."""
@@ -123,7 +120,5 @@ class TrainerClient:
     ) -> CheckpointView:
         """Checkpoint at the next step boundary; waits for it (up to `timeout` seconds)."""
         req = trainer_pb2.ControlRequest(request_id=request_id or uuid.uuid4().hex)
-        resp = await call_with_retry(
-            self._stub.SaveCheckpoint, req, timeout=timeout, retries=self.retries, idempotent=True
-        )
+        resp = await self._retrying(self._stub.SaveCheckpoint, req, timeout=timeout)
         return CheckpointView(path=resp.path, step=int(resp.step), version=int(resp.version))

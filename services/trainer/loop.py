@@ -131,7 +131,7 @@ class TrainerLoop:
             self._record_claim(rid)
         result = self._io(
             self.buffer.claim(n, consumer_id=self.consumer, wait_ms=wait_ms, request_id=rid),
-            timeout=self.buffer.timeout * (self.buffer.retries + 1) + wait_ms / 1000 + 30,
+            timeout=self.buffer.longest_call_s(self.buffer.timeout + wait_ms / 1000) + 30,
         )
         return result.groups
 

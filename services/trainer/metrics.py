@@ -38,6 +38,8 @@ ranks compute no statistics of their own).
 | `flywheel_trainer_unhealthy_replicas_total` | replica updates that failed and were skipped | any: a rollout replica is down |
 | `flywheel_trainer_prox_forwards_total` | proximal-logprob forward passes | >0 with loglinear: misconfigured |
 | `flywheel_trainer_checkpoints_total` | checkpoints written | — |
+| `flywheel_trainer_peer_unavailable_seconds_total{peer}` | seconds the `buffer` (or Redis behind it) or a replica `rollout-<i>` did not answer | rising: that peer is down; the trainer waits and retries (services/common/outage.py) |
+| `flywheel_trainer_peer_unavailable{peer}` | 1 while the last call to `peer` found no server | 1 for long: the trainer is waiting on it |
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import Metric
+
+from services.common.outage import PeerOutageMetrics
 
 P = "flywheel_trainer"
 
@@ -170,6 +174,7 @@ class TrainerMetrics:
             f"{P}_prox_forwards", "Forward passes run to recompute proximal logprobs.", registry=r
         )
         self.checkpoints = Counter(f"{P}_checkpoints", "Checkpoints written.", registry=r)
+        self.peers = PeerOutageMetrics("trainer", r)
 
     def observe_step(self, record: Mapping[str, Any]) -> None:
         """Export one step's record (the same dict that goes to metrics.jsonl)."""

@@ -94,10 +94,16 @@ class TrainerService:
 
             async def make_clients() -> tuple[BufferClient, WeightPublisher]:
                 # gRPC aio channels belong to the loop they are created on.
+                peers = self.metrics.peers if self.metrics is not None else None
                 buffer = BufferClient(
-                    s.buffer.address, auth_token=s.auth_token, max_message_bytes=s.max_message_bytes
+                    s.buffer.address,
+                    auth_token=s.auth_token,
+                    max_message_bytes=s.max_message_bytes,
+                    outage_budget_s=s.peer_outage_budget_s,
+                    peer=peers.peer("buffer", s.buffer.address) if peers is not None else None,
                 )
-                return buffer, WeightPublisher(self.cfg, weight_dir=self.paths.weight_dir)
+                publisher = WeightPublisher(self.cfg, weight_dir=self.paths.weight_dir, peers=peers)
+                return buffer, publisher
 
             self.buffer, self.publisher = self.io.run(make_clients(), timeout=30)
 

@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from services.common.config import FlywheelConfig
+from services.common.outage import PeerOutageMetrics
 from services.common.weights import (
     WeightManifest,
     WeightsGroup,
@@ -81,6 +82,7 @@ class WeightPublisher:
         *,
         weight_dir: str | os.PathLike[str],
         addresses: list[str] | None = None,
+        peers: PeerOutageMetrics | None = None,
     ) -> None:
         self.cfg = cfg
         self.transport = cfg.trainer.weight_transport
@@ -94,8 +96,9 @@ class WeightPublisher:
                 max_message_bytes=cfg.services.max_message_bytes,
                 weight_update_timeout=timeout,
                 timeout=min(60.0, timeout),
+                peer=peers.peer(f"rollout-{i}", a) if peers is not None else None,
             )
-            for a in self.addresses
+            for i, a in enumerate(self.addresses)
         }
         self.unhealthy: set[str] = set()
         self.failures_total = 0

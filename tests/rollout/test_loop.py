@@ -31,7 +31,7 @@ class ScriptedBuffer:
         self.released: list[str] = []
         self.reserved: list[str] = []
 
-    async def reserve(self, count: int, *, rollout_id: str = "") -> Any:
+    async def reserve(self, count: int, *, rollout_id: str = "", request_id: str = "") -> Any:
         from services.buffer.client import Reservation
 
         if self.grants <= 0:
@@ -133,7 +133,7 @@ class VersionedBuffer(ScriptedBuffer):
         super().__init__(grants)
         self.version = version
 
-    async def reserve(self, count: int, *, rollout_id: str = "") -> Any:
+    async def reserve(self, count: int, *, rollout_id: str = "", request_id: str = "") -> Any:
         from services.buffer.client import Reservation
 
         r = await super().reserve(count, rollout_id=rollout_id)

@@ -78,3 +78,12 @@ class ServicesConfig(FlywheelModel):
     max_message_bytes: int = Field(default=64 << 20, ge=4 << 20)
     """Largest gRPC message sent or received (the 4 MiB gRPC default is too small for
     real trajectory groups)."""
+
+    peer_outage_budget_s: float = Field(default=300.0, gt=0.0)
+    """How long a call to the buffer or the reward service keeps trying while that service
+    does not answer (UNAVAILABLE, or no answer within the attempt's deadline), with bounded
+    exponential back-off, before it fails: a service (or the Redis behind the buffer) that
+    restarts within this time costs waiting, not a crash. Counted from the first failed
+    attempt of each call; the outage shows as `flywheel_<service>_peer_unavailable_*`.
+    Calls from the trainer to rollout replicas keep a budget of seconds: a replica that
+    misses a weight update is skipped and brought up to date when it is back."""
