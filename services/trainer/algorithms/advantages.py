@@ -4,7 +4,8 @@
     r_i  += overlong penalty                               (DAPO, optional)
     r_i   = clip((r_i + reward_bias) * reward_scaling, ±reward_clip)
     r_i   = 0 for truncated i when mask_no_eos_with_zero   (and i leaves the loss)
-    r_i   = reward_norm(r_i)                               (optional, batch or group)
+    r_i   = reward_norm(r_i)        (optional, batch or group; over every sequence but
+                                     the truncated ones under mask_no_eos_with_zero)
     kl_t  = -kl_ctl * clamp(KL_est(log π_old(t), log π_ref(t)), ±kl_clamp)
                                                            (k1/k2/k3, optional)
     token rewards: kl_t on every generated token, plus r_i on the last generated token
@@ -268,7 +269,10 @@ def _compute_padded(
         r = torch.where(no_eos, 0.0, r)
         mask = mask & ~no_eos.unsqueeze(1)
     seq_valid = mask.any(dim=1)
-    r = normalize_with(r, reward_norm, seq_valid, group_ids=group_ids, process_group=process_group)
+    # AReaL normalises every sequence's reward (an empty completion's too); only the
+    # truncated ones that mask_no_eos_with_zero removes from training are left out.
+    in_norm = ~no_eos if mask_no_eos_with_zero else torch.ones_like(no_eos)
+    r = normalize_with(r, reward_norm, in_norm, group_ids=group_ids, process_group=process_group)
 
     # 2. Per-token rewards: KL penalty on every generated token, outcome on the last one.
     if kl_ctl > 0:

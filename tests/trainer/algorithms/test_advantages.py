@@ -157,6 +157,29 @@ def test_grpo_pipeline_with_unequal_groups_hand_computed() -> None:
     assert res.stats["correct_n_seqs"] == 3 and res.stats["incorrect_n_seqs"] == 2
 
 
+def test_reward_norm_counts_every_sequence_and_adv_norm_every_token() -> None:
+    # AReaL 2.0 `PPOActor._compute_advantages` (areal/trainer/ppo/actor.py): reward_norm is
+    # called without a mask (every sequence's reward counts, an empty completion's too), and
+    # adv_norm with the loss mask (every generated token counts once).
+    mask = torch.tensor([[True, True, True], [True, False, False], [False, False, False]])
+    res = compute_advantages(
+        rewards=torch.tensor([1.0, 0.0, 0.0]),
+        loss_mask=mask,
+        no_eos=torch.zeros(3, dtype=torch.bool),
+        group_ids=[0, 0, 0],
+        reward_norm=NormSpec("group", False, None),
+        adv_norm=NormSpec("batch", False, "batch"),
+    )
+    # reward_norm: mean (1 + 0 + 0)/3 = 1/3 -> [2/3, -1/3, -1/3]
+    assert_close(res.rewards, torch.tensor([2 / 3, -1 / 3, -1 / 3]), rtol=0, atol=1e-6)
+    # γ = λ = 1: A = [2/3]*3 on row 0, [-1/3] on row 1. adv_norm over the 4 tokens:
+    # mean (3*2/3 - 1/3)/4 = 5/12; deviations 1/4 (x3), -3/4; unbiased var
+    # (3/16 + 9/16)/3 = 1/4 -> std 0.5; out = [0.25, -0.75]/(0.5 + 1e-5) = [0.49999, -1.49997]
+    expected = torch.tensor([[0.4999900, 0.4999900, 0.4999900], [-1.4999700, 0.0, 0.0]])
+    assert_close(res.advantages[:2], expected, rtol=0, atol=1e-6)
+    assert_close(res.advantages[2], torch.zeros(3), rtol=0, atol=0)
+
+
 def test_packed_equals_padded(gen: torch.Generator) -> None:
     b, t = 6, 8
     lengths = torch.randint(2, t + 1, (b,), generator=gen)
