@@ -60,16 +60,16 @@ P = "flywheel_trainer"
 
 # stat name -> metric name suffix: the signals users watch get a metric of their own.
 NAMED_STATS: dict[str, str] = {
-    "importance_weight": "importance_weight",
-    "behave_imp_weight": "behave_imp_weight",
+    "importance_weight/avg": "importance_weight",
+    "behave_imp_weight/avg": "behave_imp_weight",
     "no_eos_ratio": "no_eos_ratio",
     "seq_len": "seq_len_tokens",
     "response_len": "response_len_tokens",
     "task_reward": "task_reward",
-    "clip_ratio": "clip_ratio",
-    "dual_clip_ratio": "dual_clip_ratio",
-    "approx_kl": "approx_kl",
-    "entropy": "entropy",
+    "clip_ratio/avg": "clip_ratio",
+    "dual_clip_ratio/avg": "dual_clip_ratio",
+    "approx_kl/avg": "approx_kl",
+    "entropy/avg": "entropy",
     "grad_norm": "grad_norm",
     "lr": "lr",
     "loss": "loss",

@@ -6,13 +6,16 @@ One step, on every rank, from the same decoded batch:
 2. forward-only passes over this rank's micro-batches, gathered into full-batch tensors:
    π_prox when the configured method needs a forward (`recompute`, `metrics`, or
    `recompute_logprob` without the decoupled loss), the reference log-probabilities when
-   `kl_ctl > 0`, the critic's values for PPO with a critic;
-3. advantages on the full batch (identical on every rank, no communication);
+   `kl_ctl > 0`, the teacher's when a `teacher` is configured (on-policy distillation),
+   the critic's values for PPO with a critic;
+3. advantages on the full batch (`algorithms.batch_advantages`: identical on every rank,
+   no communication);
 4. `ppo_n_minibatches` optimizer steps: forward with gradient under the rollout
-   temperature, π_prox by the method (interpolated from π_θ for `loglinear`/`linear`,
-   π_θ itself for `reuse_train_logp`), `ppo_actor_loss` with the minibatch-wide
-   normaliser divided by the world size (FSDP averages gradients over ranks), backward,
-   clip, step — skipped and counted when the gradient norm is not finite;
+   temperature, then `algorithms.actor_loss` (π_prox by the method — interpolated from
+   π_θ for `loglinear`/`linear`, π_θ itself for `reuse_train_logp` — and the PPO-family
+   loss with the minibatch-wide normaliser divided by the world size, as FSDP averages
+   gradients over ranks), backward, clip, step — skipped and counted when the gradient
+   norm is not finite;
 5. the same for the critic with its own minibatches;
 6. the version goes from v to v + 1.
 
@@ -35,11 +38,12 @@ import torch.distributed as dist
 from services.common.codec import TrajectoryGroup
 from services.common.config import FlywheelConfig, OptimizerConfig
 from services.trainer.algorithms import (
-    actor_loss_from_config,
-    advantages_from_config,
+    ACTOR_TOKEN_STATS,
+    CRITIC_TOKEN_STATS,
+    actor_loss,
+    batch_advantages,
     critic_loss_from_config,
     needs_recompute,
-    prox_from_config,
 )
 from services.trainer.batch import SeqBatch, from_groups
 from services.trainer.dist import DistContext, init_distributed
@@ -124,7 +128,7 @@ class PPOTrainer:
         self.temperature = actor.temperature
         self.version = 0
         self.step = 0
-        self.forward_counts = {"prox": 0, "ref": 0, "values": 0, "train": 0}
+        self.forward_counts = {"prox": 0, "ref": 0, "teacher": 0, "values": 0, "train": 0}
         torch.manual_seed(cfg.seed)
         self.actor = TrainEngine(
             actor,
@@ -154,12 +158,20 @@ class PPOTrainer:
                 self.ctx,
                 temperature=self.temperature,
             )
+        self.teacher: TrainEngine | None = None
+        if cfg.teacher is not None:  # on-policy distillation, loaded like the reference
+            self.teacher = TrainEngine(
+                cfg.teacher.model_copy(update={"optimizer": None}),
+                self.ctx,
+                temperature=self.temperature,
+            )
         self._hooks: list[Callable[[str], None]] = []
         self.reuses_first_minibatch_logp = self._can_reuse_first_minibatch_logp()
 
     # -- introspection ---------------------------------------------------------------------
     def on_forward(self, hook: Callable[[str], None]) -> None:
-        """Call `hook(kind)` on every forward pass ("prox", "ref", "values", "train")."""
+        """Call `hook(kind)` on every forward pass ("prox", "ref", "teacher", "values",
+        "train")."""
         self._hooks.append(hook)
 
     def _count(self, kind: str) -> None:
@@ -180,7 +192,7 @@ class PPOTrainer:
         the configuration and the model, so decided once at construction."""
         if not (self.needs_prox_forward and self.cfg.trainer.reuse_first_minibatch_logp):
             return False
-        if self.ref is not None:
+        if self.ref is not None or self.teacher is not None:
             return False
         hf = self.actor.hf_config
         dropouts = [
@@ -261,6 +273,11 @@ class PPOTrainer:
             t = time.perf_counter()
             ref_full, _ = self._forward_pass(self.ref, batch, plan, "ref")
             phases["ref"] = time.perf_counter() - t
+        teacher_full = None
+        if self.teacher is not None:
+            t = time.perf_counter()
+            teacher_full, _ = self._forward_pass(self.teacher, batch, plan, "teacher")
+            phases["teacher"] = time.perf_counter() - t
         values_full = boot_full = None
         critic_plan: Plan | None = None
         if self.critic is not None:
@@ -277,41 +294,43 @@ class PPOTrainer:
             self.critic.module.train()
             phases["values"] = time.perf_counter() - t
 
-        # π_old for the KL shaping: the recomputed one when there is one, else behaviour.
         t = time.perf_counter()
-        old_logp = prox_full if prox_full is not None else batch.behave_logp
-        adv = advantages_from_config(
+        adv = batch_advantages(
             actor_cfg,
-            rewards=batch.rewards,
-            loss_mask=loss_mask,
-            no_eos=batch.no_eos,
-            logprobs=old_logp if self.ref is not None else None,
+            batch,
+            prox_logprobs=prox_full,
             ref_logprobs=ref_full,
             values=values_full,
             bootstrap_values=boot_full,
-            group_ids=batch.group_index,
-            turn_ids=batch.turn_ids,
-            attention_mask=batch.attention_mask,
         )
         phases["advantages"] = time.perf_counter() - t
         train_mask = adv.loss_mask.bool()
 
         t = time.perf_counter()
         actor_out = self._train_actor(
-            batch, plan, adv.advantages, train_mask, prox_full, v, reuse_first=reuse_first
+            batch,
+            plan,
+            adv.advantages,
+            train_mask,
+            prox_full,
+            v,
+            reuse_first=reuse_first,
+            teacher_full=teacher_full,
         )
         phases["train"] = time.perf_counter() - t
         critic_loss_value = None
+        critic_stats: dict[str, float] = {}
         if self.critic is not None:
             t = time.perf_counter()
             assert critic_plan is not None and values_full is not None
-            critic_loss_value = self._train_critic(
+            critic_loss_value, critic_stats = self._train_critic(
                 batch, critic_plan, values_full, adv.returns, train_mask
             )
             phases["critic_train"] = time.perf_counter() - t
 
         stats = {k: float(x) for k, x in adv.stats.items()}
         stats.update(actor_out["stats"])
+        stats.update(critic_stats)
         gen = loss_mask & (batch.versions >= 0)
         oldest = torch.where(gen, batch.versions, torch.iinfo(torch.int64).max).min(dim=1).values
         staleness = [
@@ -356,6 +375,7 @@ class PPOTrainer:
         v: int,
         *,
         reuse_first: bool = False,
+        teacher_full: torch.Tensor | None = None,
     ) -> dict[str, Any]:
         a = self.actor_cfg
         engine = self.actor
@@ -390,38 +410,25 @@ class PPOTrainer:
                     recomputed: torch.Tensor | None = logp.detach()
                 else:
                     recomputed = None if prox_full is None else prox_full[rows, :width].to(dev)
-                extra: dict[str, torch.Tensor] = {}
-                if a.use_decoupled_loss:
-                    prox_res = prox_from_config(
-                        a,
-                        theta_logprobs=logp.detach(),
-                        behave_logprobs=behave,
-                        versions=versions,
-                        current_version=v,
-                        loss_mask=mask,
-                        recomputed_logprobs=recomputed,
-                        theta_version=v + m / n_mini,
-                    )
-                    prox = prox_res.prox_logprobs
-                    extra = prox_res.stats
-                else:  # plain PPO: π_old is the recomputation when there is one
-                    prox = recomputed if recomputed is not None else behave
-                loss, stats = actor_loss_from_config(
+                teacher = None if teacher_full is None else teacher_full[rows, :width].to(dev)
+                loss, stats = actor_loss(
                     a,
                     logp,
-                    prox,
                     advantages[rows, :width].to(dev),
                     mask,
                     behave_logprobs=behave,
-                    normalizer=normalizer,
-                    entropy=None if entropy is None else entropy.detach(),
+                    recomputed_logprobs=recomputed,
                     versions=versions,
                     current_version=v,
+                    theta_version=v + m / n_mini,
+                    teacher=self.cfg.teacher,
+                    teacher_logprobs=teacher,
+                    normalizer=normalizer,
+                    entropy=None if entropy is None else entropy.detach(),
                 )
                 loss.backward()
                 loss_sum += float(loss.detach())
-                weight = float(stats.get("n_valid_tokens", 0.0))
-                acc.add({**stats, **extra}, weight=weight)
+                acc.add_loss_stats(stats, ACTOR_TOKEN_STATS)
             norm, stepped = engine.clip_and_step()
             norms.append(norm)
             if not stepped:
@@ -431,10 +438,15 @@ class PPOTrainer:
             if self.ctx.world_size > 1:
                 dist.all_reduce(total)
             losses.append(float(total.item()) / self.ctx.world_size)
-        stats = acc.reduce()
-        stats.pop("actor_loss", None)
-        stats["actor_loss"] = sum(losses) / max(1, len(losses))
-        return {"stats": stats, "losses": losses, "grad_norms": norms, "skipped": skipped, "lr": lr}
+        step_stats = acc.reduce()
+        step_stats["actor_loss"] = sum(losses) / max(1, len(losses))
+        return {
+            "stats": step_stats,
+            "losses": losses,
+            "grad_norms": norms,
+            "skipped": skipped,
+            "lr": lr,
+        }
 
     def _train_critic(
         self,
@@ -443,10 +455,13 @@ class PPOTrainer:
         old_values: torch.Tensor,
         returns: torch.Tensor,
         train_mask: torch.Tensor,
-    ) -> float:
+    ) -> tuple[float, dict[str, float]]:
+        """Critic minibatches → (mean loss, the critic's statistics: AReaL's per-token
+        ones from `CRITIC_TOKEN_STATS`)."""
         assert self.critic is not None and self.cfg.critic is not None
         engine, ccfg = self.critic, self.cfg.critic
         dev = self.ctx.device
+        acc = StatAccumulator()
         losses = []
         for per_rank in plan:
             mini_rows = sorted(r for mbs in per_rank for mb in mbs for r in mb)
@@ -463,7 +478,7 @@ class PPOTrainer:
                     (values.sum() * 0.0).backward()
                     continue
                 width = values.shape[1]
-                loss, _ = critic_loss_from_config(
+                loss, cstats = critic_loss_from_config(
                     ccfg,
                     values,
                     old_values[rows, :width].to(dev),
@@ -474,12 +489,17 @@ class PPOTrainer:
                 )
                 loss.backward()
                 loss_sum += float(loss.detach())
+                acc.add_loss_stats(cstats, CRITIC_TOKEN_STATS)
             engine.clip_and_step()
             total = torch.tensor([loss_sum], dtype=torch.float64)
             if self.ctx.world_size > 1:
                 dist.all_reduce(total)
             losses.append(float(total.item()) / self.ctx.world_size)
-        return sum(losses) / max(1, len(losses))
+        stats = acc.reduce()
+        stats.pop("n_valid_tokens", None)  # the actor's count is the step's
+        mean_loss = sum(losses) / max(1, len(losses))
+        stats["value_loss"] = mean_loss
+        return mean_loss, stats
 
     # -- state -----------------------------------------------------------------------------------
     def checkpoint_models(self) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer | None]]:

@@ -1,10 +1,19 @@
 """Combine statistics of many micro-batches on many ranks into one value per name.
 
-The algorithm core returns means over the tokens of one call plus `n_valid_tokens`; the
-step's value of a mean statistic is therefore the token-weighted mean over every call on
-every rank. All ranks reduce the same fixed vector (every documented name, in sorted
-order) so the collective has one shape even when a rank ran only empty micro-batches.
-`*_min` / `*_max` statistics reduce with MIN / MAX instead.
+Two kinds arrive from the algorithm core (`services.trainer.algorithms.stats`):
+
+* scalars (0-d): means over the tokens of one call plus `n_valid_tokens`; the step's
+  value is the token-weighted mean over every call on every rank. Counts add up;
+  `*_min` / `*_max` reduce with MIN / MAX.
+* per-token tensors (AReaL's `importance_weight`, `clip_mask`, `behave_imp_weight`, ...):
+  `add_loss_stats` takes a loss's stats with the table that names them
+  (`ACTOR_TOKEN_STATS`, `CRITIC_TOKEN_STATS`) and keeps, per reported name, the sum and
+  count over its mask and the min and max (`token_reductions`, the one place that reads
+  the masks). The step reports `<name>/avg` = total sum / total count, `<name>/min`,
+  `<name>/max` over every masked token of the step, as AReaL's stats tracker exports them.
+
+All ranks reduce the same fixed vectors (every documented name, in sorted order) so the
+collective has one shape even when a rank ran only empty micro-batches.
 """
 
 from __future__ import annotations
@@ -14,12 +23,14 @@ import math
 import torch
 import torch.distributed as dist
 
-from services.trainer.algorithms.stats import STATS
+from services.trainer.algorithms.stats import STATS, TokenStat, scalar_stats, token_reductions
 
 _NAMES = sorted(STATS)
 _INDEX = {n: i for i, n in enumerate(_NAMES)}
-_MIN = [n for n in _NAMES if n.endswith("_min")]
-_MAX = [n for n in _NAMES if n.endswith("_max")]
+_MIN = [n for n in _NAMES if n.endswith(("_min", "/min"))]
+_MAX = [n for n in _NAMES if n.endswith(("_max", "/max"))]
+_MIN_INDEX = {n: i for i, n in enumerate(_MIN)}
+_MAX_INDEX = {n: i for i, n in enumerate(_MAX)}
 # Counts add up instead of averaging.
 _SUMS = {"n_valid_tokens", "n_seqs", "correct_n_seqs", "incorrect_n_seqs"}
 
@@ -33,24 +44,45 @@ class StatAccumulator:
         self._max = torch.full((len(_MAX),), -math.inf, dtype=torch.float64)
 
     def add(self, stats: dict[str, torch.Tensor | float], weight: float | None = None) -> None:
-        """Add one call's stats; `weight` defaults to its `n_valid_tokens`."""
+        """Add one call's scalar stats; `weight` defaults to its `n_valid_tokens`."""
         w = float(stats.get("n_valid_tokens", 1.0)) if weight is None else float(weight)
         for name, value in stats.items():
+            if isinstance(value, torch.Tensor) and value.dim() != 0:
+                continue  # per-token tensors go through add_loss_stats
             v = float(value)
             if name in _SUMS:
                 self._wsum[_INDEX[name]] += v
                 self._weight[_INDEX[name]] = 1.0
-            elif name in _MIN:
+            elif name in _MIN_INDEX:
                 if w > 0:
-                    i = _MIN.index(name)
+                    i = _MIN_INDEX[name]
                     self._min[i] = min(float(self._min[i]), v)
-            elif name in _MAX:
+            elif name in _MAX_INDEX:
                 if w > 0:
-                    i = _MAX.index(name)
+                    i = _MAX_INDEX[name]
                     self._max[i] = max(float(self._max[i]), v)
             elif name in _INDEX and w > 0 and math.isfinite(v):
                 self._wsum[_INDEX[name]] += v * w
                 self._weight[_INDEX[name]] += w
+
+    def add_loss_stats(
+        self,
+        stats: dict[str, torch.Tensor],
+        table: dict[str, TokenStat],
+        extra: dict[str, torch.Tensor] | None = None,
+    ) -> None:
+        """Add a loss call's stats: its per-token statistics by `table`, its documented
+        scalars (and `extra` scalars, e.g. the proximal method's) weighted by its
+        `n_valid_tokens`."""
+        self.add({**scalar_stats(stats), **(extra or {})})
+        for name, red in token_reductions(stats, table).items():
+            i = _INDEX[f"{name}/avg"]
+            self._wsum[i] += float(red.total)
+            self._weight[i] += float(red.count)
+            if int(red.count) > 0:
+                j, k = _MIN_INDEX[f"{name}/min"], _MAX_INDEX[f"{name}/max"]
+                self._min[j] = min(float(self._min[j]), float(red.min))
+                self._max[k] = max(float(self._max[k]), float(red.max))
 
     def reduce(self) -> dict[str, float]:
         """All-reduce over ranks (collective) and return {name: value} for names seen."""

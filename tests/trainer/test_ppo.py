@@ -42,14 +42,15 @@ def test_one_minibatch_with_recompute_gives_importance_weight_exactly_one(
         r = t.train_batch(groups)
         # π_θ and π_prox come from the same weights, the same micro-batches and the same
         # padding, so the ratio is exactly 1 (not merely close), and nothing is clipped.
-        assert r.stats["importance_weight"] == 1.0
-        assert r.stats["approx_kl"] == 0.0
-        assert r.stats["clip_ratio"] == 0.0
+        for red in ("avg", "min", "max"):  # AReaL's three reductions over the loss tokens
+            assert r.stats[f"importance_weight/{red}"] == 1.0
+            assert r.stats[f"approx_kl/{red}"] == 0.0
+            assert r.stats[f"clip_ratio/{red}"] == 0.0
         # one per micro-batch (n_mbs=2), or none: the training forward is the recomputation
         assert r.prox_forwards == (0 if reuse else 2)
     if decoupled:
         # One version stale: π_prox (W_1) differs from π_behave (W_0).
-        assert r.stats["behave_imp_weight"] != 1.0
+        assert r.stats["behave_imp_weight/avg"] != 1.0
 
 
 def test_loglinear_runs_no_proximal_forward(tiny_model_dir: Path, tmp_path: Path, groups) -> None:
@@ -110,7 +111,9 @@ def test_reusing_the_first_minibatch_logp_changes_nothing_but_the_forward_count(
         torch.testing.assert_close(ra.loss, rb.loss, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(ra.grad_norm, rb.grad_norm, rtol=1e-4, atol=1e-6)
         for key in ("importance_weight", "behave_imp_weight", "clip_ratio", "approx_kl"):
-            torch.testing.assert_close(ra.stats[key], rb.stats[key], rtol=1e-5, atol=1e-6)
+            for red in ("avg", "min", "max"):
+                k = f"{key}/{red}"
+                torch.testing.assert_close(ra.stats[k], rb.stats[k], rtol=1e-5, atol=1e-6)
     wa, wb = _weights(a), _weights(b)
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=1e-5)

@@ -76,7 +76,7 @@ def test_control_metrics_and_clean_exit(
         st = call("status")
         assert st.version == 1 and st.world_size == 1 and st.total_train_steps == 10
         # ppo_n_minibatches=1 with recompute: importance weight exactly 1, wherever exported.
-        assert st.last_stats["importance_weight"] == 1.0
+        assert st.last_stats["importance_weight/avg"] == 1.0
         text = _wait(
             lambda: httpx.get(f"http://127.0.0.1:{mport}/metrics").text, proc, log, "/metrics"
         )

@@ -20,6 +20,7 @@ from .actor import (
     PPOActorConfig,
     PPOCriticConfig,
     RejectionSamplingConfig,
+    TeacherConfig,
     TrainEngineConfig,
 )
 from .buffer import BufferConfig
@@ -79,6 +80,7 @@ __all__ = [
     "SGLangServerConfig",
     "SchedulerConfig",
     "ServicesConfig",
+    "TeacherConfig",
     "TrainEngineConfig",
     "TrainerConfig",
 ]

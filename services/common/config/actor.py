@@ -718,5 +718,70 @@ class PPOCriticConfig(TrainEngineConfig):
     value_loss: Literal["mse", "huber"] = "mse"
     """Flywheel: value loss, squared error (AReaL) or Huber."""
 
-    huber_delta: float = Field(default=1.0, gt=0.0)
-    """Flywheel: Huber transition point (only with `value_loss: huber`)."""
+    huber_delta: float = Field(default=10.0, gt=0.0)
+    """Flywheel: Huber transition point (only with `value_loss: huber`); 10 is the δ
+    AReaL's `ppo_critic_loss_fn` uses for its Huber loss."""
+
+
+class TeacherConfig(TrainEngineConfig):
+    """On-policy distillation: a teacher model whose log-probabilities the actor's loss
+    pulls towards (AReaL 2.0's `TeacherConfig` and the teacher term of its actor loss).
+
+    The trainer loads the teacher like the reference model and scores every batch with
+    it (AReaL's `engine_type: train`). The loss gains
+    `distill_loss_weight · mean(log π_θ - log π_teacher)` and the RL loss is multiplied by
+    `rl_loss_weight`; with `rl_loss_weight: 0` the RL loss is dropped and the loss is the
+    importance-weighted reverse KL alone (see docs/algorithms.md). AReaL's nested form
+    `train: {path: ..., ...}` is accepted: its engine fields fill this block.
+    """
+
+    engine_type: Literal["train", "rollout"] = "train"
+    """How teacher log-probabilities are computed: `train` (a forward pass in the
+    trainer, like `ref`). AReaL's `rollout` (scoring on an inference server) is not
+    implemented. Flywheel: defaults to `train` (AReaL: `rollout`)."""
+
+    rl_loss_weight: float = Field(default=1.0, ge=0.0)
+    """Weight of the RL (PPO-family) loss; 0 trains on the distillation term alone."""
+
+    distill_loss_weight: float = Field(default=0.005, ge=0.0)
+    """Weight of the distillation (reverse KL to the teacher) term."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _areal_nesting(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if data.get("rollout") is not None or data.get("engine_type") == "rollout":
+            raise RuleViolation(
+                "engine_type",
+                data.get("engine_type", "rollout"),
+                "Flywheel computes teacher log-probabilities in the trainer; set "
+                "engine_type: train, remove `rollout` and give the checkpoint as path",
+            )
+        data.pop("rollout", None)
+        train = data.pop("train", None)
+        if isinstance(train, dict):
+            engine_fields = set(TrainEngineConfig.model_fields)
+            loss_only = set(PPOActorConfig.model_fields) - engine_fields
+            for key, value in train.items():
+                if key in loss_only:
+                    continue  # the teacher is never trained: its loss settings mean nothing
+                if key == "path" and data.get("path"):
+                    continue  # AReaL: teacher.path overrides
+                data.setdefault(key, value)
+        return data
+
+    @model_validator(mode="after")
+    def _teacher_rules(self) -> TeacherConfig:
+        if self.optimizer is not None:
+            raise RuleViolation(
+                "optimizer", "set", "the teacher is never trained; remove its optimizer"
+            )
+        if self.rl_loss_weight == 0 and self.distill_loss_weight == 0:
+            raise RuleViolation(
+                "distill_loss_weight",
+                0.0,
+                "with rl_loss_weight: 0 too the loss is 0; set one of them > 0",
+            )
+        return self

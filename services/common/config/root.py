@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from ._base import FlywheelModel, RuleViolation
-from .actor import PPOActorConfig, PPOCriticConfig, TrainEngineConfig
+from .actor import PPOActorConfig, PPOCriticConfig, TeacherConfig, TrainEngineConfig
 from .buffer import BufferConfig
 from .dataset import DatasetConfig
 from .generation import GenerationHyperparameters
@@ -74,6 +74,9 @@ class FlywheelConfig(FlywheelModel):
 
     ref: TrainEngineConfig | None = None
     """Reference model of the KL penalty; needed when `actor.kl_ctl > 0`."""
+
+    teacher: TeacherConfig | None = None
+    """Teacher model of on-policy distillation (AReaL's `teacher`); null: no teacher term."""
 
     gconfig: GenerationHyperparameters = Field(default_factory=GenerationHyperparameters)
     """Sampling settings of the rollout."""

@@ -2,7 +2,23 @@
 
 No I/O and no process groups (the one exception: batch-level normalisation all-reduces its
 sums when given a `process_group`). Formulas, presets and the statistics table are in
-`docs/algorithms.md`. The public API:
+`docs/algorithms.md`.
+
+The trainer's entry points (`api.py`): `PPOTrainer` calls these and nothing else for its
+algorithm steps, so a script that calls them gets the trainer's numbers.
+
+    `batch_advantages(actor, batch, prox_logprobs=, ref_logprobs=, values=, ...)
+        -> AdvantageResult` — advantages, returns and loss mask of a padded batch; the KL
+        reward's π_old chosen by `kl_logprobs` (AReaL's rule).
+    `actor_loss(actor, logprobs, advantages, loss_mask, behave_logprobs=,
+        prox_logp_method=, recomputed_logprobs=, versions=, current_version=, teacher=,
+        teacher_logprobs=, normalizer=, ...) -> (loss, stats)` — π_prox by the chosen
+        method, then the PPO-family loss with the actor's settings.
+    `gae_lambda_context(loss_mask, turn_ids, gae_timestep_unit)` — the λ-function context.
+    `approximate_prox_logp(method, behave, theta, alpha)` with `interpolation_alpha` —
+        each proximal approximation: `loglinear`, `linear`, `rollout`.
+
+The functions under them:
 
 Advantages
     `compute_advantages(...) -> AdvantageResult` — rewards → overlong penalty, bias /
@@ -12,9 +28,11 @@ Advantages
 Losses
     `ppo_actor_loss(...) -> (loss, stats)` — clip / dual clip / clip-higher, token or
     sequence (GSPO) ratios, decoupled PPO, SAPO, CISPO, M2PO, rejection sampling
-    (IcePop / KPop); `critic_loss(...) -> (loss, stats)`; `aggregate_loss(...)`.
+    (IcePop / KPop), the on-policy distillation term; `critic_loss(...) -> (loss, stats)`;
+    `aggregate_loss(...)`. Their stats hold AReaL's per-token tensors.
 Proximal policy
-    `compute_prox_logp(method, ...) -> ProxResult`, `needs_recompute(method)`.
+    `compute_prox_logp(method, ...) -> ProxResult` (every method of `PROX_LOGP_METHODS`),
+    `needs_recompute(method)`.
 Filters (torch-free)
     `services.trainer.algorithms.filters`: `FILTERS`, `resolve_should_accept`.
 Config adapters
@@ -23,7 +41,9 @@ Config adapters
 Registries (`Registry`: unknown names list the valid ones, duplicates are errors)
     `SURROGATES`, `KL_ESTIMATORS`, `GAE_LAMBDA_FNS`, `AGGREGATORS`, `FILTERS`.
 Statistics
-    `STATS`: every statistic name with its meaning.
+    `STATS`: every scalar and reported name with its meaning; `ACTOR_TOKEN_STATS` /
+    `CRITIC_TOKEN_STATS`: which per-token tensor over which mask becomes
+    `<name>/avg|min|max`; `summarize_token_stats(stats, table)` reduces one call's.
 
 Names are loaded lazily (PEP 562) so that `import services.trainer.algorithms.filters`
 does not import torch.
@@ -35,6 +55,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS: dict[str, str] = {
+    # the trainer's entry points
+    "batch_advantages": "api",
+    "actor_loss": "api",
+    "kl_logprobs": "api",
+    "gae_lambda_context": "gae_lambda",
+    "approximate_prox_logp": "prox",
+    "PROX_APPROX_METHODS": "stats",
     # advantages
     "AdvantageResult": "advantages",
     "compute_advantages": "advantages",
@@ -87,17 +114,25 @@ _EXPORTS: dict[str, str] = {
     "Registry": "registry",
     "RegistryError": "registry",
     "STATS": "stats",
+    "ACTOR_TOKEN_STATS": "stats",
+    "CRITIC_TOKEN_STATS": "stats",
+    "TokenStat": "stats",
+    "summarize_token_stats": "stats",
+    "token_reductions": "stats",
 }
 
 __all__ = [
+    "ACTOR_TOKEN_STATS",
     "AGGREGATORS",
     "AdvantageResult",
+    "CRITIC_TOKEN_STATS",
     "FILTERS",
     "GAE_LAMBDA_FNS",
     "ICEPOP",
     "KL_ESTIMATORS",
     "KPOP",
     "NormSpec",
+    "PROX_APPROX_METHODS",
     "PROX_LOGP_METHODS",
     "ProxResult",
     "Registry",
@@ -106,12 +141,16 @@ __all__ = [
     "STATS",
     "SURROGATES",
     "SurrogateParams",
+    "TokenStat",
+    "actor_loss",
     "actor_loss_from_config",
     "actor_loss_kwargs",
     "advantage_kwargs",
     "advantages_from_config",
     "aggregate_loss",
     "apply_rejection_sampling",
+    "approximate_prox_logp",
+    "batch_advantages",
     "binary_kl_symmetric",
     "compute_advantages",
     "compute_prox_logp",
@@ -119,10 +158,12 @@ __all__ = [
     "critic_loss_from_config",
     "critic_loss_kwargs",
     "filter_groups",
+    "gae_lambda_context",
     "gae_token_level",
     "gae_turn_level",
     "group_index_from_ids",
     "interpolation_alpha",
+    "kl_logprobs",
     "m2po_mask",
     "needs_recompute",
     "normalize",
@@ -136,6 +177,8 @@ __all__ = [
     "resolve_should_accept",
     "shape_rewards",
     "should_accept_from_config",
+    "summarize_token_stats",
+    "token_reductions",
 ]
 
 
@@ -155,6 +198,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # pragma: no cover - static analysers see the real names
     from .advantages import AdvantageResult, compute_advantages
     from .aggregation import AGGREGATORS, aggregate_loss
+    from .api import actor_loss, batch_advantages, kl_logprobs
     from .config_adapters import (
         actor_loss_from_config,
         actor_loss_kwargs,
@@ -167,7 +211,7 @@ if TYPE_CHECKING:  # pragma: no cover - static analysers see the real names
     )
     from .filters import FILTERS, filter_groups, resolve_should_accept
     from .gae import gae_token_level, gae_turn_level
-    from .gae_lambda import GAE_LAMBDA_FNS, resolve_gae_lambda
+    from .gae_lambda import GAE_LAMBDA_FNS, gae_lambda_context, resolve_gae_lambda
     from .kl import KL_ESTIMATORS, binary_kl_symmetric
     from .layout import packed_to_padded, padded_to_packed
     from .losses import critic_loss, ppo_actor_loss
@@ -176,11 +220,20 @@ if TYPE_CHECKING:  # pragma: no cover - static analysers see the real names
     from .prox import (
         PROX_LOGP_METHODS,
         ProxResult,
+        approximate_prox_logp,
         compute_prox_logp,
         interpolation_alpha,
         needs_recompute,
     )
     from .registry import Registry, RegistryError
     from .rewards import overlong_penalty, shape_rewards
-    from .stats import STATS
+    from .stats import (
+        ACTOR_TOKEN_STATS,
+        CRITIC_TOKEN_STATS,
+        PROX_APPROX_METHODS,
+        STATS,
+        TokenStat,
+        summarize_token_stats,
+        token_reductions,
+    )
     from .surrogates import SURROGATES, SurrogateParams

@@ -33,8 +33,8 @@ import torch
 from torch import Tensor
 
 from .checks import require_finite
-from .gae import gae_token_level, gae_turn_level, turn_slots
-from .gae_lambda import resolve_gae_lambda
+from .gae import gae_token_level, gae_turn_level
+from .gae_lambda import gae_lambda_context, resolve_gae_lambda
 from .kl import KL_CLAMP, kl_reward_estimate
 from .layout import (
     check_per_seq,
@@ -291,19 +291,8 @@ def _compute_padded(
     task_rewards[torch.arange(n, device=device)[has], last_pos[has]] = r[has]
 
     # 3. λ per trajectory.
-    if turn_ids is not None:
-        _, _, turn_counts = turn_slots(mask, turn_ids)
-    else:
-        turn_counts = torch.zeros(n, dtype=torch.int64, device=device)
-    horizon = turn_counts if gae_timestep_unit == "turn" else response_lens
     lam = resolve_gae_lambda(
-        gae_lambda,
-        {
-            "effective_token_lengths": mask.sum(dim=1),
-            "turn_counts": turn_counts,
-            "timestep_lengths": horizon,
-        },
-        gae_lambda_kwargs,
+        gae_lambda, gae_lambda_context(mask, turn_ids, gae_timestep_unit), gae_lambda_kwargs
     )
 
     # 4. GAE.

@@ -71,6 +71,36 @@ GAE_LAMBDA_FNS.alias(
 )
 
 
+def gae_lambda_context(
+    loss_mask: Tensor, turn_ids: Tensor | None = None, gae_timestep_unit: str = "token"
+) -> dict[str, Tensor]:
+    """The context a λ function receives, from a padded `[B, T]` loss mask (and turn ids).
+
+    `effective_token_lengths` = generated tokens per trajectory, `turn_counts` = non-empty
+    generated turns (0 without `turn_ids`), `timestep_lengths` = the GAE horizon (tokens,
+    or turns when `gae_timestep_unit` is `turn`), as AReaL's `_build_gae_lambda_context`
+    (`areal/trainer/ppo/gae.py`). `compute_advantages` builds its context with this.
+    """
+    from .gae import turn_slots  # gae imports nothing from here; keep the module light
+
+    if gae_timestep_unit not in ("token", "turn"):
+        raise ValueError(f"gae_timestep_unit must be 'token' or 'turn', got {gae_timestep_unit!r}")
+    mask = loss_mask.to(torch.bool)
+    n = mask.shape[0]
+    if turn_ids is not None:
+        _, _, turn_counts = turn_slots(mask, turn_ids)
+    elif gae_timestep_unit == "turn":
+        raise ValueError("gae_timestep_unit='turn' needs turn_ids (multi-turn trajectories)")
+    else:
+        turn_counts = torch.zeros(n, dtype=torch.int64, device=mask.device)
+    tokens = mask.sum(dim=1)
+    return {
+        "effective_token_lengths": tokens,
+        "turn_counts": turn_counts,
+        "timestep_lengths": turn_counts if gae_timestep_unit == "turn" else tokens,
+    }
+
+
 def resolve_gae_lambda(
     gae_lambda: float | str,
     context: Mapping[str, Tensor],

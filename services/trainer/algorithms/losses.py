@@ -7,15 +7,17 @@ Actor, per token t (all pieces optional and composable):
            with A_t replaced by the sequence mean of A
     w_t  = π_prox(t) / π_behave(t)                 decoupled PPO behaviour weight (no grad),
            filtered or clamped by rejection sampling (IcePop, KPop)
-    m_t  = loss_mask, minus rejected tokens, minus M2PO-masked tokens (by π_prox/π_behave)
+    m_t  = loss_mask, minus M2PO-masked tokens (by (log π_behave - log π_prox)^2), minus
+           tokens rejection sampling drops
     l_t  = surrogate(ρ_t, A_t, log π_θ(t))          clip | sapo | cispo (see surrogates.py)
     loss = aggregate(w_t · l_t over m_t)           token-mean | seq-mean-token-mean | ...
+           (+ the teacher term of on-policy distillation when teacher log-probs are given)
 
 Without the decoupled loss, π_prox is π_old (the behaviour log-probabilities, or their
 recomputation) and w_t = 1. Critic:
 
     V_clip = V_old + clip(V - V_old, -ε, ε)
-    l_t    = max(f(V, G), f(V_clip, G)),   f = ½(x - G)² (mse) or Huber(δ)
+    l_t    = max(f(V, G), f(V_clip, G)),   f = ½(x - G)² (mse) or Huber(δ), δ = 10 (AReaL)
 """
 
 from __future__ import annotations
@@ -62,6 +64,9 @@ def ppo_actor_loss(
     decoupled_correction: str = "behave_imp_weight",
     rejection_sampling: RejectionLike | None = None,
     m2_threshold: float | None = None,
+    teacher_logprobs: Tensor | None = None,
+    rl_loss_weight: float = 1.0,
+    distill_loss_weight: float = 0.005,
     loss_agg_mode: str = "token-mean",
     normalizer: float | Tensor | None = None,
     loss_agg_norm: float | None = None,
@@ -76,8 +81,26 @@ def ppo_actor_loss(
     decoupled loss); `behave_logprobs` π_behave (needed by the decoupled loss, rejection
     sampling and M2PO). `normalizer` is the minibatch-wide denominator (see
     `aggregation.py`); `versions` / `current_version` only feed the staleness statistics.
-    M2PO judges log π_prox/π_behave, which does not change during a step, over the tokens
-    of this call: give it whole minibatches (or accept a per-micro-batch threshold).
+
+    Order of operations (AReaL's `grpo_loss_fn` and `ppo_actor_loss_fn`): M2PO masks the
+    call's loss tokens first; rejection sampling narrows that mask for the loss; the
+    statistics stay on the mask before rejection sampling. The denominator is the count
+    after M2PO (AReaL divides each micro-batch by its own post-M2PO count and weighs it by
+    its pre-M2PO count): with `normalizer` the sum is scaled by N_before/N_after M2PO.
+
+    On-policy distillation (AReaL 2.0's teacher term; `teacher_logprobs` from a teacher
+    model, over the M2PO mask): with `rl_loss_weight` > 0 the loss becomes
+    `rl_loss_weight · L_RL + distill_loss_weight · mean(log π_θ - log π_teacher)`; with
+    `rl_loss_weight` = 0 it is `-distill_loss_weight · mean(w · (log π_teacher - log π_θ))`,
+    w = π_θ/π_old (π_old: π_behave with the decoupled loss, else `proximal_logprobs`) and
+    the bracket detached: the RL term is dropped.
+
+    Stats: per-token tensors under AReaL's names (`importance_weight`, `approx_kl`,
+    `clip_mask`, `dual_clip_mask`, `loss`, `loss_mask` — the statistics mask —, and with
+    the decoupled loss `behave_imp_weight`, `behave_mask`, `behave_approx_kl`, with rejection
+    sampling `filtered_fraction`; `sapo_*` gates, `entropy`, `rkl_loss` when they apply) and
+    0-d scalars (`actor_loss`, `n_valid_tokens`, M2PO, staleness). `stats.ACTOR_TOKEN_STATS`
+    says how the per-token ones are reported; `stats.summarize_token_stats` reduces them.
     """
     layout = layout_of(loss_mask, cu_seqlens)
     check_same_shape(
@@ -88,6 +111,7 @@ def ppo_actor_loss(
         behave_logprobs=behave_logprobs,
         entropy=entropy,
         versions=versions,
+        teacher_logprobs=teacher_logprobs,
     )
     if importance_sampling_level not in ("token", "sequence"):
         raise ValueError(
@@ -110,88 +134,130 @@ def ppo_actor_loss(
             "rejection_sampling acts on π_prox/π_behave and needs use_decoupled_loss=True "
             "(without it the two are the same policy)"
         )
+    if m2_threshold is not None and behave_logprobs is None:
+        raise ValueError(
+            "m2_threshold (M2PO) needs behave_logprobs: it masks by log π_behave - log π_prox"
+        )
+    if teacher_logprobs is not None and not (rl_loss_weight >= 0 and distill_loss_weight >= 0):
+        raise ValueError(
+            f"rl_loss_weight and distill_loss_weight must be >= 0, got {rl_loss_weight}, "
+            f"{distill_loss_weight}"
+        )
     surrogate_fn = SURROGATES.get(surrogate)
     params = SurrogateParams(eps_clip, eps_clip_higher, c_clip, sapo_tau_pos, sapo_tau_neg)
 
     orig_mask = loss_mask.to(torch.bool)
-    mask = orig_mask
     require_finite(
-        mask,
+        orig_mask,
         "loss tokens",
         logprobs=logprobs,
         proximal_logprobs=proximal_logprobs,
         advantages=advantages,
         behave_logprobs=behave_logprobs,
+        teacher_logprobs=teacher_logprobs,
     )
     stats: dict[str, Tensor] = {}
     prox = proximal_logprobs.detach()
     adv = advantages.detach()
+    behave = None if behave_logprobs is None else behave_logprobs.detach()
 
-    # Behaviour weight π_prox/π_behave (decoupled PPO), filtered by rejection sampling.
+    # 1. M2PO on the call's loss tokens (AReaL: before the loss function).
+    stat_mask = orig_mask
+    if m2_threshold is not None:
+        assert behave is not None
+        stat_mask, m2_stats = m2po_mask(behave - prox, orig_mask, m2_threshold)
+        stats.update(m2_stats)
+    mask = stat_mask  # narrowed by rejection sampling below; the stats stay on stat_mask
+
+    # 2. Behaviour weight π_prox/π_behave (decoupled PPO), filtered by rejection sampling.
     behave_weight: Tensor | None = None
     if use_decoupled_loss:
-        assert behave_logprobs is not None
+        assert behave is not None
         if rejection_sampling is not None:
             rs = apply_rejection_sampling(
-                prox, behave_logprobs, mask, rejection_sampling, cu_seqlens=cu_seqlens
+                prox, behave, stat_mask, rejection_sampling, cu_seqlens=cu_seqlens
             )
             mask = rs.loss_mask
-            behave_weight = rs.behave_imp_weight
-            stats["rejection_filtered_fraction"] = rs.filtered_fraction
+            weight = rs.behave_imp_weight
+            stats["filtered_fraction"] = rs.filtered_fraction
+            stats["rs_filtered_fraction"] = rs.filtered_fraction
         else:
-            log_w = torch.where(mask, prox - behave_logprobs.detach(), 0.0)
-            behave_weight = torch.where(mask, torch.exp(log_w), 0.0)
-        stats["behave_imp_weight"] = masked_mean(behave_weight, mask)
-        stats["behave_approx_kl"] = masked_mean(prox - behave_logprobs.detach(), mask)
-        if decoupled_correction == "none":
-            behave_weight = None
-
-    # M2PO second-moment mask on log π_prox/π_behave (π_θ = π_prox when the step starts).
-    if m2_threshold is not None:
-        if behave_logprobs is None:
-            raise ValueError(
-                "m2_threshold (M2PO) needs behave_logprobs: it masks by log π_prox/π_behave"
+            weight = torch.where(
+                stat_mask, torch.exp(torch.where(stat_mask, prox - behave, 0.0)), 0.0
             )
-        mask, m2_stats = m2po_mask(prox - behave_logprobs.detach(), mask, m2_threshold)
-        stats.update(m2_stats)
+        behave_mask = (weight > 0) & mask
+        stats["behave_imp_weight"] = weight.detach()
+        stats["behave_mask"] = behave_mask
+        stats["behave_approx_kl"] = torch.where(behave_mask, prox - behave, 0.0)
+        behave_weight = None if decoupled_correction == "none" else weight
 
-    # Ratio and surrogate.
-    log_ratio = torch.where(mask, logprobs - prox, 0.0)  # 0 (ratio 1) off the mask
+    # 3. Ratio (0 off the mask, as AReaL) and surrogate.
     if importance_sampling_level == "sequence":
+        log_ratio = torch.where(mask, logprobs - prox, 0.0)
         ratio, adv = sequence_ratio_and_advantages(log_ratio, adv, mask, layout)
+        ratio = torch.where(mask, ratio, 0.0)
+        adv = torch.where(mask, adv, 0.0)
     else:
-        ratio = torch.exp(log_ratio)
+        log_ratio = torch.where(stat_mask, logprobs - prox, 0.0)
+        ratio = torch.where(stat_mask, torch.exp(log_ratio), 0.0)
     lp = logprobs if surrogate != "cispo" else torch.where(mask, logprobs, 0.0)
     out = surrogate_fn(ratio, adv, lp, params)
     per_token = out.per_token_loss
     if behave_weight is not None:
         per_token = per_token * behave_weight
 
-    loss = aggregate_loss(  # masks per_token itself
-        per_token,
-        mask,
-        loss_agg_mode,
-        denominator_mask=orig_mask,
-        cu_seqlens=cu_seqlens,
-        normalizer=normalizer,
-        constant=loss_agg_norm,
-    )
+    # 4. Aggregation over the post-M2PO count (see the docstring).
+    n_orig = orig_mask.sum()
+    n_stat = stat_mask.sum()
+    norm = normalizer
+    if m2_threshold is not None and normalizer is not None and bool(n_stat > 0):
+        norm = torch.as_tensor(normalizer, dtype=torch.float32) * (n_stat / n_orig).to(
+            torch.float32
+        )
 
-    n_kept = mask.sum()
-    denom = n_kept.clamp(min=1).to(torch.float64)
+    def agg(values: Tensor, keep: Tensor) -> Tensor:
+        return aggregate_loss(  # masks values itself
+            values,
+            keep,
+            loss_agg_mode,
+            denominator_mask=stat_mask,
+            cu_seqlens=cu_seqlens,
+            normalizer=norm,
+            constant=loss_agg_norm,
+        )
+
+    # 5. On-policy distillation against a teacher (AReaL 2.0 `grpo_loss_fn`).
+    if teacher_logprobs is not None:
+        teacher = teacher_logprobs.detach()
+        if rl_loss_weight == 0:
+            old = behave if use_decoupled_loss and behave is not None else prox
+            w = torch.exp(torch.where(stat_mask, logprobs - old, 0.0))
+            term = w * torch.where(stat_mask, teacher - logprobs.detach(), 0.0)
+            loss = -distill_loss_weight * agg(term, stat_mask)
+            stats["rkl_loss"] = torch.where(stat_mask, -term.detach(), 0.0)
+        else:
+            penalty = torch.where(stat_mask, logprobs - teacher, 0.0)
+            loss = rl_loss_weight * agg(per_token, mask) + distill_loss_weight * agg(
+                penalty, stat_mask
+            )
+            stats["rkl_loss"] = penalty.detach()
+    else:
+        loss = agg(per_token, mask)
+
+    clip_over = mask if surrogate == "cispo" else stat_mask  # AReaL's cispo_loss_fn
     stats.update(
+        importance_weight=ratio.detach(),
+        approx_kl=torch.where(stat_mask, logprobs.detach() - prox, 0.0),
+        clip_mask=out.clipped & clip_over,
+        dual_clip_mask=out.dual_clipped & stat_mask,
+        loss=torch.where(mask, per_token.detach(), 0.0),
+        loss_mask=stat_mask,
         actor_loss=scalar(loss),
-        n_valid_tokens=scalar(n_kept),
-        importance_weight=scalar(masked_mean(ratio, mask)),
-        # log_ratio is already 0 off the mask
-        approx_kl=scalar(log_ratio.detach().sum(dtype=torch.float64) / denom),
-        clip_ratio=scalar((out.clipped & mask).sum() / denom),
-        dual_clip_ratio=scalar((out.dual_clipped & mask).sum() / denom),
+        n_valid_tokens=scalar(n_stat),
     )
-    for name, value in out.extra.items():
-        stats[name] = masked_mean(value, mask)
+    stats.update(out.extra)
     if entropy is not None:
-        stats["entropy"] = masked_mean(entropy, mask)
+        stats["entropy"] = entropy.detach()
     if versions is not None and current_version is not None:
         gen = orig_mask & (versions >= 0)
         staleness = (current_version - versions).to(torch.float32)
@@ -213,7 +279,7 @@ def critic_loss(
     *,
     eps_clip: float | None = 0.5,
     value_loss: str = "mse",
-    huber_delta: float = 1.0,
+    huber_delta: float = 10.0,
     cu_seqlens: Tensor | None = None,
     loss_agg_mode: str = "token-mean",
     normalizer: float | Tensor | None = None,
@@ -221,7 +287,11 @@ def critic_loss(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped value loss (module docstring) → (scalar loss with grad, stats).
 
-    `eps_clip=None` disables value clipping. `returns` are the GAE critic targets.
+    `eps_clip=None` disables value clipping. `returns` are the GAE critic targets. The
+    Huber δ defaults to AReaL's 10 (`ppo_critic_loss_fn`). Stats: AReaL's per-token
+    `clip_mask` and `loss`, plus `new_value`, `old_value`, `target_value` and `loss_mask`
+    (reported through `stats.CRITIC_TOKEN_STATS`), and the scalars `value_loss`,
+    `n_valid_tokens`.
     """
     layout = layout_of(loss_mask, cu_seqlens)
     check_same_shape(layout, values=values, old_values=old_values, returns=returns)
@@ -261,10 +331,13 @@ def critic_loss(
     )
     stats = {
         "value_loss": scalar(loss),
-        "value_clip_ratio": masked_mean(clip_mask.to(torch.float32), mask),
-        "values": masked_mean(values, mask),
-        "returns": masked_mean(target, mask),
         "n_valid_tokens": scalar(mask.sum()),
+        "clip_mask": clip_mask & mask,
+        "loss": per_token.detach(),
+        "new_value": values.detach(),
+        "old_value": old,
+        "target_value": target,
+        "loss_mask": mask,
     }
     return loss, stats
 

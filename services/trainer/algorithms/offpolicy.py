@@ -15,13 +15,17 @@ keeps them with the behaviour weight clamped to `[lower or 0, upper]`. With `lev
 sequence` and `metric: ratio` the behaviour weight itself becomes the sequence's geometric
 mean ratio. IcePop is `metric: ratio, lower: 0.5, upper: 5`; KPop is `metric: binary_kl`
 (AReaL lists `binary_kl` among the choices but its validator rejects it, so its KPop preset
-cannot load; here it runs). `lower` is ignored with `binary_kl`.
+cannot load; here it runs). The bounds apply to every metric the way AReaL's
+`apply_rejection_sampling` (`areal/utils/functional/functional.py`, `_check_bounds`)
+applies them: `lower`, when set, is a lower bound on `binary_kl` too.
 
-M2PO (second-moment trust): with M2_t = (log π_prox(t) - log π_behave(t))^2 (the paper's
-π_θ/π_behave at the start of the step, when π_θ = π_prox; fixed for the whole step), drop
-the tokens with the largest M2_t until the mean M2 over the remaining tokens is
-<= `m2_threshold`. M2PO bounds staleness instead of the per-step move, so its presets run
-one minibatch, where the PPO clip never binds.
+M2PO (second-moment trust, AReaL's `_apply_m2po_masking` in `areal/trainer/ppo/actor.py`):
+with M2_t = (log π_behave(t) - log π_prox(t))^2 over the loss tokens of one call (AReaL: one
+micro-batch), drop the tokens with the largest M2_t until the mean M2 of the remaining
+tokens is strictly below `m2_threshold`; when no set qualifies, only the single token with
+the smallest M2 is kept. It runs on the loss mask before rejection sampling. M2PO bounds
+staleness instead of the per-step move, so its presets run one minibatch, where the PPO
+clip never binds.
 """
 
 from __future__ import annotations
@@ -119,9 +123,9 @@ class RejectionResult:
 
 
 def _in_bounds(metric: Tensor, spec: RejectionLike) -> Tensor:
+    """`lower <= metric <= upper` (no lower bound when unset), for every metric."""
     ok = metric <= spec.upper
-    # binary_kl has no lower bound (AReaL ignores `lower` there; so does Flywheel).
-    if spec.lower is not None and spec.metric != "binary_kl":
+    if spec.lower is not None:
         ok = ok & (metric >= spec.lower)
     return ok
 
@@ -194,12 +198,14 @@ def apply_rejection_sampling(
 def m2po_mask(
     log_ratio: Tensor, loss_mask: Tensor, m2_threshold: float
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """M2PO: keep the tokens with the smallest (log r)^2 whose mean stays <= threshold.
+    """M2PO: keep the tokens with the smallest (log r)^2 whose mean is < threshold.
 
     Sorting the valid tokens' M2 ascending, the running mean is non-decreasing, so the kept
-    set is the longest prefix whose mean is <= `m2_threshold` — the same set as dropping the
-    largest value until the mean falls under the threshold. Returns the new bool mask and
-    `m2po_second_moment` (before masking) / `m2po_masked_fraction`.
+    set is the longest prefix whose mean is strictly below `m2_threshold` — the set AReaL's
+    `_get_m2po_loss_mask` keeps by masking the largest values first (its suffix means of the
+    descending order). When even the smallest M2 is not below the threshold, that one token
+    is kept (AReaL masks all but one). Returns the new bool mask and `m2po_second_moment`
+    (before masking) / `m2po_masked_fraction`.
     """
     if not m2_threshold > 0:
         raise ValueError(f"m2_threshold must be > 0, got {m2_threshold!r}")
@@ -218,7 +224,7 @@ def m2po_mask(
     running = torch.cumsum(sorted_vals, 0) / torch.arange(
         1, n + 1, dtype=torch.float64, device=vals.device
     )
-    keep_n = int((running <= m2_threshold).sum())
+    keep_n = max(1, int((running < m2_threshold).sum()))
     keep_sorted = torch.arange(n, device=vals.device) < keep_n
     keep = torch.empty_like(keep_sorted)
     keep[order] = keep_sorted

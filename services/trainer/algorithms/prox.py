@@ -25,6 +25,8 @@ Methods:
   (π_prox ≈ π_behave, what training without a correction assumes) against it.
 * `reuse_train_logp`: π_prox = π_θ detached, exact when each step is a single
   minibatch (`ppo_n_minibatches = 1`), where π_θ equals W_v during the loss.
+* `rollout`: π_prox ≈ π_behave (function API only, not a config choice): what training
+  without an off-policy correction assumes; the third approximation `metrics` measures.
 
 with, per generated token,
 
@@ -58,8 +60,9 @@ PROX_LOGP_METHODS: tuple[str, ...] = (
     "linear",
     "metrics",
     "reuse_train_logp",
+    "rollout",
 )
-_SKIPS_FORWARD = ("loglinear", "linear", "reuse_train_logp")
+_SKIPS_FORWARD = ("loglinear", "linear", "reuse_train_logp", "rollout")
 
 
 def needs_recompute(method: str) -> bool:
@@ -99,7 +102,12 @@ def interpolation_alpha(
 def approximate_prox_logp(
     method: str, behave_logprobs: Tensor, theta_logprobs: Tensor, alpha: Tensor
 ) -> Tensor:
-    """`loglinear`, `linear` or `rollout` approximation of log π_prox (no gradient)."""
+    """`loglinear`, `linear` or `rollout` approximation of log π_prox (no gradient).
+
+    With b = log π_behave, θ = log π_θ and α from `interpolation_alpha`:
+    loglinear b + α (θ - b); linear log((1 - α) e^b + α e^θ); rollout b. Prompt and
+    padding tokens are the caller's business (`compute_prox_logp` keeps b there).
+    """
     b = behave_logprobs.detach().to(torch.float32)
     th = theta_logprobs.detach().to(torch.float32)
     if method == "loglinear":
@@ -189,6 +197,12 @@ def compute_prox_logp(
         truth = recomputed_logprobs.detach().to(torch.float32)
         if method == "recompute":
             return ProxResult(truth, stats)
+
+    if method == "rollout":
+        if behave_logprobs is None:
+            raise ValueError("prox_logp_method='rollout' needs behave_logprobs")
+        require_finite(mask, behave_logprobs=behave_logprobs)
+        return ProxResult(behave_logprobs.detach().to(torch.float32).clone(), stats)
 
     if behave_logprobs is None or versions is None or current_version is None:
         raise ValueError(

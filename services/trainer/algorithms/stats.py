@@ -1,13 +1,25 @@
 """Training-health statistics: every name in one table, and the masked reductions.
 
-Every function of the algorithm core returns its statistics as a `dict[str, Tensor]` of
-0-d float tensors whose keys are listed in `STATS` (a test checks that no function emits a
-name that is not in the table, and `docs/algorithms.md` renders the same table). Means are
-over the valid tokens (or sequences) of the call; `n_valid_tokens` and `n_seqs` come with
-them so the trainer can weight statistics of several micro-batches or ranks correctly.
+Two kinds, as in AReaL:
+
+* scalars: 0-d float tensors whose keys are listed in `STATS` (counts, fractions, the
+  aggregated loss). Means are over the valid tokens (or sequences) of the call;
+  `n_valid_tokens` and `n_seqs` come with them so the trainer can weight statistics of
+  several micro-batches or ranks correctly.
+* per-token statistics: the losses return AReaL's per-token tensors (`importance_weight`,
+  `approx_kl`, `clip_mask`, `dual_clip_mask`, `behave_imp_weight`, `behave_mask`, ...)
+  and the masks they are taken over. `ACTOR_TOKEN_STATS` / `CRITIC_TOKEN_STATS` say which
+  tensor over which mask becomes which reported name; `token_reductions` is the one place
+  that turns them into `<name>/avg`, `<name>/min`, `<name>/max` (AReaL's export names).
+
+A test checks that no function emits an undocumented name, and `docs/algorithms.md`
+renders the same table.
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -47,31 +59,14 @@ STATS: dict[str, tuple[str, str]] = {
     "advantages_abs": ("mean absolute advantage over valid tokens", "near 0: no learning signal"),
     "returns": ("mean critic target (advantage + value) over valid tokens", "—"),
     "gae_lambda": ("mean GAE lambda over sequences", "—"),
-    # -- actor loss (ppo_actor_loss) -------------------------------------------------------
+    # -- actor loss (ppo_actor_loss); per-token statistics are in TOKEN_STATS --------------
     "actor_loss": ("aggregated actor loss (detached)", "—"),
-    "importance_weight": (
-        "mean ratio pi_theta/pi_prox over valid tokens (GSPO: the sequence ratio)",
-        "far from 1: the update moves too far per minibatch",
-    ),
-    "approx_kl": ("mean log pi_theta - log pi_prox", "grows: step size too large"),
-    "clip_ratio": ("fraction of valid tokens where the clip binds", "high: lr or eps too tight"),
-    "dual_clip_ratio": ("fraction of valid tokens where the dual clip binds", "—"),
-    "behave_imp_weight": (
-        "mean pi_prox/pi_behave over kept tokens (decoupled loss)",
-        "far from 1: rollouts are stale or engine and trainer disagree",
-    ),
-    "behave_approx_kl": (
-        "mean log pi_prox - log pi_behave over kept tokens",
-        "grows: staleness or an inference/training mismatch",
-    ),
-    "rejection_filtered_fraction": (
+    "rs_filtered_fraction": (
         "fraction of valid tokens masked (mask) or clamped (clamp) by rejection sampling",
         "high: too much stale data is thrown away",
     ),
     "m2po_masked_fraction": ("fraction of valid tokens masked by M2PO", "high: very stale data"),
     "m2po_second_moment": ("mean (log pi_prox/pi_behave)^2 before M2PO masking", "—"),
-    "sapo_gate": ("mean SAPO soft gate over valid tokens", "—"),
-    "entropy": ("mean token entropy of pi_theta (when given)", "collapses: no exploration"),
     "staleness_avg": (
         "mean over generated tokens of current_version - v_behave",
         "above max_head_offpolicyness: admission is broken",
@@ -83,13 +78,8 @@ STATS: dict[str, tuple[str, str]] = {
         "mean interpolation weight alpha over generated tokens (loglinear/linear/metrics)",
         "—",
     ),
-    # -- critic (critic_loss) --------------------------------------------------------------
+    # -- critic (critic_loss); per-token statistics are in TOKEN_STATS ---------------------
     "value_loss": ("aggregated critic loss (detached)", "does not fall: critic does not learn"),
-    "value_clip_ratio": (
-        "fraction of valid tokens where value clipping binds",
-        "high: eps too small",
-    ),
-    "values": ("mean predicted value over valid tokens", "—"),
     # -- dynamic filtering (filters.filter_groups) -----------------------------------------
     "dynamic_filter_dropped_fraction": (
         "fraction of groups dropped by should_accept",
@@ -105,6 +95,161 @@ for _m in PROX_APPROX_METHODS:
                 "recomputed pi_prox (metrics mode), mean over generated tokens",
                 "grows: the approximation no longer tracks pi_prox",
             )
+
+
+@dataclass(frozen=True)
+class TokenStat:
+    """A per-token statistic: `values` and `mask` name tensors in a loss's stats dict.
+
+    The trainer reports it as `<name>/avg`, `<name>/min` and `<name>/max` over the tokens
+    where `mask` is true (AReaL's `stats_tracker.stat(..., denominator=...)`, which exports
+    the same three), summed over every micro-batch and rank of the step before dividing.
+    """
+
+    values: str
+    mask: str
+    what: str
+    bad: str = "—"
+
+
+# AReaL's names (areal/trainer/ppo/actor.py `grpo_loss_fn`): reported name -> where it comes
+# from in the stats of `ppo_actor_loss`. `loss_mask` there is AReaL's `n_valid_tokens`
+# denominator: the loss mask after M2PO and before rejection sampling.
+ACTOR_TOKEN_STATS: dict[str, TokenStat] = {
+    "importance_weight": TokenStat(
+        "importance_weight",
+        "loss_mask",
+        "ratio pi_theta/pi_prox (GSPO: the sequence ratio; 0 on tokens rejection sampling dropped)",
+        "far from 1: the update moves too far per minibatch",
+    ),
+    "approx_kl": TokenStat(
+        "approx_kl", "loss_mask", "log pi_theta - log pi_prox", "grows: step size too large"
+    ),
+    "clip_ratio": TokenStat(
+        "clip_mask", "loss_mask", "1 where the clip binds, else 0", "high: lr or eps too tight"
+    ),
+    "dual_clip_ratio": TokenStat("dual_clip_mask", "loss_mask", "1 where the dual clip binds"),
+    "actor_loss": TokenStat("loss", "loss_mask", "per-token surrogate loss (x behaviour weight)"),
+    "entropy": TokenStat(
+        "entropy", "loss_mask", "token entropy of pi_theta", "collapses: no exploration"
+    ),
+    "behave_imp_weight": TokenStat(
+        "behave_imp_weight",
+        "behave_mask",
+        "pi_prox/pi_behave over the tokens the behaviour weight keeps (decoupled loss)",
+        "far from 1: rollouts are stale or engine and trainer disagree",
+    ),
+    "behave_approx_kl": TokenStat(
+        "behave_approx_kl",
+        "behave_mask",
+        "log pi_prox - log pi_behave over the kept tokens",
+        "grows: staleness or an inference/training mismatch",
+    ),
+    "behave_filtered_ratio": TokenStat(
+        "behave_filtered_mask",
+        "loss_mask",
+        "1 where rejection sampling dropped the token (or its weight is 0), else 0",
+        "high: too much stale data is thrown away",
+    ),
+    "sapo_soft_gate": TokenStat("sapo_soft_gate", "loss_mask", "SAPO gate of the token's sign"),
+    "sapo_scaled_gate_pos": TokenStat(
+        "sapo_scaled_gate_pos", "loss_mask", "SAPO gate (4/tau_pos) sigmoid(tau_pos (r - 1))"
+    ),
+    "sapo_scaled_gate_neg": TokenStat(
+        "sapo_scaled_gate_neg", "loss_mask", "SAPO gate (4/tau_neg) sigmoid(tau_neg (r - 1))"
+    ),
+    "rkl_loss": TokenStat(
+        "rkl_loss",
+        "loss_mask",
+        "on-policy distillation term per token: log pi_theta - log pi_teacher (with the RL "
+        "loss), or -w (log pi_teacher - log pi_theta), w = pi_theta/pi_old (distillation only)",
+        "grows: the student drifts from the teacher",
+    ),
+}
+
+# AReaL's critic statistics (areal/trainer/ppo/critic.py `ppo_loss_fn`, scope ppo_critic),
+# prefixed so they do not collide with the actor's.
+CRITIC_TOKEN_STATS: dict[str, TokenStat] = {
+    "critic_loss": TokenStat("loss", "loss_mask", "per-token clipped value loss"),
+    "value_clip_ratio": TokenStat(
+        "clip_mask", "loss_mask", "1 where value clipping binds, else 0", "high: eps too small"
+    ),
+    "new_value": TokenStat("new_value", "loss_mask", "predicted value"),
+    "old_value": TokenStat("old_value", "loss_mask", "value before the update"),
+    "target_value": TokenStat("target_value", "loss_mask", "critic target (GAE return)"),
+}
+
+TOKEN_STAT_REDUCTIONS: tuple[str, ...] = ("avg", "min", "max")
+
+for _table in (ACTOR_TOKEN_STATS, CRITIC_TOKEN_STATS):
+    for _name, _ts in _table.items():
+        for _r in TOKEN_STAT_REDUCTIONS:
+            STATS[f"{_name}/{_r}"] = (f"{_r} over tokens of: {_ts.what}", _ts.bad)
+
+
+@dataclass
+class TokenReduction:
+    """Sum, count, min and max of one per-token statistic over its mask (0-d tensors)."""
+
+    total: Tensor  # float64
+    count: Tensor  # int64
+    min: Tensor  # float32, +inf when count is 0
+    max: Tensor  # float32, -inf when count is 0
+
+
+def token_reductions(
+    stats: dict[str, Tensor], table: dict[str, TokenStat]
+) -> dict[str, TokenReduction]:
+    """The one place per-token statistics become numbers: for every entry of `table`
+    whose tensors are in `stats`, the sum, count, min and max over its mask.
+
+    `behave_filtered_mask` is derived here (AReaL: `loss_mask & ~behave_mask`, where the
+    behaviour mask is taken after rejection sampling) when the loss gave `behave_mask`.
+    """
+    out: dict[str, TokenReduction] = {}
+    for name, ts in table.items():
+        if ts.values == "behave_filtered_mask" and "behave_mask" in stats:
+            values: Tensor | None = stats[ts.mask] & ~stats["behave_mask"]
+        else:
+            values = stats.get(ts.values)
+        mask = stats.get(ts.mask)
+        if values is None or mask is None or values.dim() == 0:
+            continue
+        m = mask.to(torch.bool)
+        v = values.detach()
+        if v.dtype == torch.bool:
+            v = v.to(torch.float32)
+        n = m.sum()
+        total = torch.where(m, v, 0.0).sum(dtype=torch.float64)
+        if bool(n > 0):
+            sel = v[m].to(torch.float32)
+            lo, hi = sel.min(), sel.max()
+        else:
+            lo = torch.tensor(math.inf, device=v.device)
+            hi = torch.tensor(-math.inf, device=v.device)
+        out[name] = TokenReduction(total, n, lo, hi)
+    return out
+
+
+def summarize_token_stats(
+    stats: dict[str, Tensor], table: dict[str, TokenStat]
+) -> dict[str, Tensor]:
+    """`<name>/avg`, `/min`, `/max` of one call's per-token statistics (0-d float32), what
+    the trainer reports for a step that is this one call; names without a valid token are
+    left out."""
+    out: dict[str, Tensor] = {}
+    for name, red in token_reductions(stats, table).items():
+        if int(red.count) == 0:
+            continue
+        out[f"{name}/avg"] = (red.total / red.count).to(torch.float32)
+        out[f"{name}/min"] = red.min
+        out[f"{name}/max"] = red.max
+    return out
+
+
+def scalar_stats(stats: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The 0-d entries of a loss's stats that are documented in `STATS` (the scalars)."""
+    return {k: v for k, v in stats.items() if v.dim() == 0 and k in STATS}
 
 
 def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
@@ -132,9 +277,19 @@ def scalar(value: float | int | Tensor, device: torch.device | None = None) -> T
     return torch.tensor(float(value), dtype=torch.float32, device=device)
 
 
+# Keys of the losses' stats that are AReaL's per-token tensors (or its 0-d
+# `filtered_fraction`) rather than reported names.
+LOSS_TENSOR_KEYS: frozenset[str] = frozenset(
+    {ts.values for t in (ACTOR_TOKEN_STATS, CRITIC_TOKEN_STATS) for ts in t.values()}
+    | {ts.mask for t in (ACTOR_TOKEN_STATS, CRITIC_TOKEN_STATS) for ts in t.values()}
+    | {"filtered_fraction"}
+)
+
+
 def check_stat_names(stats: dict[str, Tensor]) -> None:
-    """Raise if a stat name is not documented in `STATS` (used by tests and debug runs)."""
-    unknown = sorted(set(stats) - set(STATS))
+    """Raise if a stat name is neither documented in `STATS` nor one of the per-token
+    tensor keys of `LOSS_TENSOR_KEYS` (used by tests and debug runs)."""
+    unknown = sorted(set(stats) - set(STATS) - LOSS_TENSOR_KEYS)
     if unknown:
         raise KeyError(f"undocumented stat names {unknown}; add them to STATS")
 
@@ -146,7 +301,16 @@ def stats_table_markdown() -> str:
     """
     rows = ["| name | what it is | a bad trend means |", "| --- | --- | --- |"]
     folded = False
+    tokens = {**ACTOR_TOKEN_STATS, **CRITIC_TOKEN_STATS}
     for name, (what, bad) in STATS.items():
+        base, _, red = name.rpartition("/")
+        if base in tokens and red in TOKEN_STAT_REDUCTIONS:
+            if red == TOKEN_STAT_REDUCTIONS[0]:
+                ts = tokens[base]
+                rows.append(
+                    f"| `{base}/{{avg,min,max}}` | over `{ts.mask}` tokens: {ts.what} | {ts.bad} |"
+                )
+            continue
         if name.startswith("prox_approx/"):
             if folded:
                 continue

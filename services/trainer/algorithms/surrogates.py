@@ -97,10 +97,16 @@ def sapo_surrogate(
             f"{params.sapo_tau_neg}"
         )
     a = advantages.detach()
-    tau = torch.where(a > 0, params.sapo_tau_pos, params.sapo_tau_neg).to(ratio.dtype)
-    gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
+    gate_pos = torch.sigmoid(params.sapo_tau_pos * (ratio - 1.0)) * (4.0 / params.sapo_tau_pos)
+    gate_neg = torch.sigmoid(params.sapo_tau_neg * (ratio - 1.0)) * (4.0 / params.sapo_tau_neg)
+    gate = torch.where(a > 0, gate_pos, gate_neg)
     none = torch.zeros_like(ratio, dtype=torch.bool)
-    return SurrogateOutput(-a * gate, none, none.clone(), {"sapo_gate": gate.detach()})
+    extra = {  # AReaL's sapo_loss_fn statistics
+        "sapo_soft_gate": gate.detach(),
+        "sapo_scaled_gate_pos": gate_pos.detach(),
+        "sapo_scaled_gate_neg": gate_neg.detach(),
+    }
+    return SurrogateOutput(-a * gate, none, none.clone(), extra)
 
 
 @SURROGATES.register("cispo")

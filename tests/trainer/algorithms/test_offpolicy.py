@@ -119,7 +119,7 @@ def test_kpop_runs_end_to_end_in_the_actor_loss() -> None:
     )
     # token 1 survives with weight 1 and loss -1; the denominator keeps both tokens: -1/2
     assert_close(loss, torch.tensor(-0.5), rtol=0, atol=1e-6)
-    assert_close(stats["rejection_filtered_fraction"], torch.tensor(0.5), rtol=0, atol=0)
+    assert_close(stats["rs_filtered_fraction"], torch.tensor(0.5), rtol=0, atol=0)
     loss.backward()
     assert logp.grad is not None and logp.grad[0, 0] == 0.0
     assert KPOP.metric == "binary_kl" and KPOP.upper == 2.0
@@ -156,11 +156,12 @@ def test_m2po_matches_greedy_removal(gen: torch.Generator) -> None:
     log_ratio = torch.randn(4, 25, generator=gen) * 0.3
     mask = torch.rand(4, 25, generator=gen) < 0.8
     new, _ = m2po_mask(log_ratio, mask, 0.02)
-    # greedy oracle: drop the largest M2 until the mean of the rest is <= threshold
+    # greedy oracle (AReaL's `_get_m2po_loss_mask`, areal/trainer/ppo/actor.py): drop the
+    # largest M2 until the mean of the rest is strictly below the threshold, keep >= 1
     kept = sorted(
         ((float(x) ** 2, i) for i, x in enumerate(log_ratio[mask].tolist())), reverse=True
     )
-    while kept and sum(m for m, _ in kept) / len(kept) > 0.02:
+    while len(kept) > 1 and sum(m for m, _ in kept) / len(kept) >= 0.02:
         kept.pop(0)
     assert int(new.sum()) == len(kept)
     assert bool((new & ~mask).sum() == 0)
@@ -174,8 +175,9 @@ def test_m2po_in_the_actor_loss_uses_prox_versus_behave() -> None:
     adv = torch.ones(1, 4)
     mask = torch.ones(1, 4, dtype=torch.bool)
     loss, stats = ppo_actor_loss(logp, prox, adv, mask, behave_logprobs=behave, m2_threshold=0.05)
-    # token 2 is masked; three tokens of loss -1 over the original 4: -0.75
-    assert_close(loss, torch.tensor(-0.75), rtol=0, atol=1e-6)
+    # token 2 is masked; AReaL (`grpo_loss_fn` masks before `ppo_actor_loss_fn`, which divides
+    # by the count of the mask it receives): three tokens of loss -1 over 3 kept: -1
+    assert_close(loss, torch.tensor(-1.0), rtol=0, atol=1e-6)
     assert_close(stats["m2po_masked_fraction"], torch.tensor(0.25), rtol=0, atol=0)
     loss.backward()
     assert logp.grad is not None and logp.grad[0, 2] == 0.0

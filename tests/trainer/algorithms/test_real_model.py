@@ -21,7 +21,11 @@ from services.trainer.algorithms import (
     compute_prox_logp,
     ppo_actor_loss,
 )
-from services.trainer.algorithms.stats import check_stat_names
+from services.trainer.algorithms.stats import (
+    ACTOR_TOKEN_STATS,
+    check_stat_names,
+    summarize_token_stats,
+)
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
@@ -106,8 +110,10 @@ def test_one_minibatch_with_recompute_gives_importance_weight_exactly_one(
     check_stat_names(stats)
     # same weights, same tokens: bitwise-equal log-probabilities, ratio exactly 1
     assert torch.equal(logp.detach()[adv.loss_mask], prox[adv.loss_mask])
-    assert stats["importance_weight"].item() == 1.0
-    assert stats["clip_ratio"].item() == 0.0
+    reported = summarize_token_stats(stats, ACTOR_TOKEN_STATS)
+    assert reported["importance_weight/avg"].item() == 1.0
+    assert reported["importance_weight/min"].item() == 1.0
+    assert reported["clip_ratio/avg"].item() == 0.0
     loss.backward()
     opt.step()
     opt.zero_grad()
@@ -116,7 +122,7 @@ def test_one_minibatch_with_recompute_gives_importance_weight_exactly_one(
     # tokens with positive advantage gained probability on average.
     new_logp = _token_logprobs(model, data["ids"], data["attn"]).detach()
     _, after = ppo_actor_loss(new_logp, prox, adv.advantages, adv.loss_mask)
-    assert after["importance_weight"].item() != 1.0
+    assert summarize_token_stats(after, ACTOR_TOKEN_STATS)["importance_weight/avg"].item() != 1.0
     moved = (new_logp - prox)[adv.loss_mask]
     a = adv.advantages[adv.loss_mask]
     assert (moved * a).sum() > 0
@@ -132,4 +138,4 @@ def test_reuse_train_logp_is_exact_with_one_minibatch(
     logp = _token_logprobs(model, data["ids"], data["attn"])
     prox = compute_prox_logp("reuse_train_logp", theta_logprobs=logp, ppo_n_minibatches=1)
     _, stats = ppo_actor_loss(logp, prox.prox_logprobs, torch.ones_like(logp), data["loss_mask"])
-    assert stats["importance_weight"].item() == 1.0
+    assert summarize_token_stats(stats, ACTOR_TOKEN_STATS)["importance_weight/max"].item() == 1.0

@@ -9,6 +9,8 @@ import torch
 
 import services.trainer.algorithms as algorithms
 from services.trainer.algorithms.stats import (
+    ACTOR_TOKEN_STATS,
+    CRITIC_TOKEN_STATS,
     STATS,
     check_stat_names,
     masked_mean,
@@ -24,17 +26,28 @@ def test_docs_table_is_the_module_table() -> None:
     begin, end = "<!-- stats-table:begin -->\n", "\n<!-- stats-table:end -->"
     table = text[text.index(begin) + len(begin) : text.index(end)]
     assert table == stats_table_markdown(), "docs/algorithms.md stats table is out of date"
+    tokens = {**ACTOR_TOKEN_STATS, **CRITIC_TOKEN_STATS}
     for name in STATS:
-        if not name.startswith("prox_approx/"):
+        base, _, red = name.rpartition("/")
+        if base in tokens and red in ("avg", "min", "max"):
+            assert f"`{base}/{{avg,min,max}}`" in table  # one row for the three reductions
+        elif not name.startswith("prox_approx/"):
             assert f"`{name}`" in table
 
 
 def test_issue_names_are_all_documented() -> None:
-    required = {
-        "importance_weight", "behave_imp_weight", "behave_approx_kl", "clip_ratio",
-        "dual_clip_ratio", "approx_kl", "entropy", "no_eos_ratio", "seq_len", "prompt_len",
+    # AReaL's per-token statistics are reported as <name>/avg, /min, /max
+    # (areal/trainer/ppo/actor.py grpo_loss_fn; areal/utils/stats_tracker.py AVG_MIN_MAX)
+    per_token = {
+        f"{n}/{r}"
+        for n in ("importance_weight", "behave_imp_weight", "behave_approx_kl", "clip_ratio",
+                  "dual_clip_ratio", "approx_kl", "entropy", "behave_filtered_ratio")
+        for r in ("avg", "min", "max")
+    }  # fmt: skip
+    required = per_token | {
+        "no_eos_ratio", "seq_len", "prompt_len",
         "task_reward", "correct_n_seqs", "incorrect_n_seqs", "advantages", "kl_rewards",
-        "rejection_filtered_fraction", "m2po_masked_fraction",
+        "rs_filtered_fraction", "m2po_masked_fraction",
         "dynamic_filter_dropped_fraction", "staleness_avg", "staleness_min", "staleness_max",
         "prox_approx/loglinear/logp_abs_error", "prox_approx/rollout/importance_weight_sq_error",
     }  # fmt: skip
