@@ -67,9 +67,8 @@ def test_services_and_their_wiring(compose_binary):
             svc["user"] == "10001:10001" and svc["read_only"] is True and svc["cap_drop"] == ["ALL"]
         )
         assert svc["environment"]["FLYWHEEL_REDIS_PASSWORD"] == "s3cret"
-        assert (
-            svc["environment"]["FLYWHEEL_OVERRIDES"].split()[0] == f"services.{name}.host=0.0.0.0"
-        )
+        # The user's overrides reach `prepare` only; a service adds its bind host.
+        assert svc["environment"]["FLYWHEEL_OVERRIDES"] == f"services.{name}.host=0.0.0.0"
         assert svc["depends_on"]["prepare"]["condition"] == "service_completed_successfully"
         test = " ".join(svc["healthcheck"]["test"])
         assert "http://127.0.0.1:9400/readyz" in test
@@ -81,6 +80,35 @@ def test_services_and_their_wiring(compose_binary):
     assert targets["/etc/grafana/dashboards"] == str(ROOT / "deploy" / "grafana" / "dashboards")
     prom = {v["target"]: v["source"] for v in cfg["services"]["prometheus"]["volumes"]}
     assert prom["/etc/prometheus/alerts.yml"] == str(ROOT / "deploy" / "prometheus" / "alerts.yml")
+
+
+def test_overrides_go_to_prepare_init_everywhere_and_a_finished_trainer_stays_stopped(
+    compose_binary,
+):
+    """FLYWHEEL_OVERRIDES reached every service but never `prepare`, no container had an
+    init, and the trainer inherited `restart: unless-stopped` (a finished run restarted
+    forever)."""
+    for profile in ((), ("--profile", "gpu")):
+        result = compose(
+            compose_binary,
+            *profile,
+            "config",
+            "--format",
+            "json",
+            env={"REDIS_PASSWORD": "s3cret", "FLYWHEEL_OVERRIDES": "gconfig.temperature=0.7"},
+        )
+        assert result.returncode == 0, result.stderr
+        services = json.loads(result.stdout)["services"]
+        assert services["prepare"]["environment"]["FLYWHEEL_OVERRIDES"] == (
+            "gconfig.temperature=0.7"
+        )
+        for name, svc in services.items():
+            assert svc.get("init") is True, name
+            if name != "prepare":
+                overrides = svc.get("environment", {}).get("FLYWHEEL_OVERRIDES") or ""
+                assert "temperature" not in overrides, name
+            expected = {"prepare": "no", "trainer": "on-failure", "trainer-gpu": "on-failure"}
+            assert svc["restart"] == expected.get(name, "unless-stopped"), name
 
 
 def test_gpu_profile_gives_devices_and_runs_sglang(compose_binary):
@@ -135,7 +163,8 @@ def test_prepare_writes_a_config_every_service_loads(compose_binary, tmp_path):
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
         "FLYWHEEL_CONFIG": str(ROOT / "examples" / "demo.yaml"),
         "FLYWHEEL_PREPARE": str(ROOT / "deploy" / "docker" / "prepare.py"),
-        "FLYWHEEL_OVERRIDES": "launcher.warm_start.enabled=false train_dataset.builtin_size=64 valid_dataset.builtin_size=16",
+        "FLYWHEEL_OVERRIDES": "launcher.warm_start.enabled=false train_dataset.builtin_size=64"
+        " valid_dataset.builtin_size=16 gconfig.temperature=0.7 gconfig.n_samples=4",
         "FLYWHEEL_TOKEN": "not-in-the-file",
         "PYTHONPATH": str(ROOT),
     }
@@ -156,7 +185,16 @@ def test_prepare_writes_a_config_every_service_loads(compose_binary, tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     text = out.read_text()
     assert "not-in-the-file" not in text
+    # The references stay as written (resolved when a service loads the file), and the
+    # overrides moved what follows them, as `flywheel run` does (the services refused to
+    # start: "actor.temperature = 1.0: differs from gconfig.temperature=0.7").
+    written = yaml.safe_load(text)
+    assert written["actor"]["group_size"] == "${gconfig.n_samples}"
+    assert written["actor"]["temperature"] == "${gconfig.temperature}"
     cfg = load_config(str(out), ["services.buffer.host=0.0.0.0"])
+    assert (cfg.gconfig.temperature, cfg.actor.temperature) == (0.7, 0.7)
+    assert (cfg.gconfig.n_samples, cfg.actor.group_size) == (4, 4)
+    assert cfg.trainer.metrics_jsonl == str(tmp_path / "runs" / "demo" / "latest" / "metrics.jsonl")
     assert cfg.services.reward.address == "reward:50051"
     assert cfg.services.rollout.replica_address(2) == "rollout:50051"  # port_stride 0
     assert cfg.services.buffer.host == "0.0.0.0" and cfg.buffer.redis_url == "redis://redis:6379/0"
@@ -164,3 +202,32 @@ def test_prepare_writes_a_config_every_service_loads(compose_binary, tmp_path):
     assert (model / "config.json").exists(), "the tiny demo model was not written"
     rows = Path(cfg.train_dataset.path).read_text().splitlines()
     assert len(rows) == 64
+
+
+def test_the_offline_override_builds_from_local_inputs(compose_binary):
+    """docker-compose.yml + deploy/docker/compose.offline.yml, as `make test-compose` runs
+    them: the base image, torch index and CA secret reach every build; Redis and Prometheus
+    are the images tools/offline_images.sh makes; Grafana (no offline image) is left out."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("REDIS_", "FLYWHEEL_"))}
+    result = subprocess.run(
+        [compose_binary, "-f", str(ROOT / "docker-compose.yml")]
+        + ["-f", str(ROOT / "deploy" / "docker" / "compose.offline.yml")]
+        + ["config", "--format", "json"],
+        capture_output=True,
+        text=True,
+        env={**base, "REDIS_PASSWORD": "s3cret", "FLYWHEEL_TORCH_INDEX_URL": "http://127.0.0.1:1/"},
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    cfg = json.loads(result.stdout)
+    assert "grafana" not in cfg["services"]
+    assert cfg["services"]["redis"]["image"] == "flywheel-redis:bookworm"
+    assert cfg["services"]["prometheus"]["image"] == "flywheel-prometheus:bookworm"
+    for name in ("prepare", *FLYWHEEL):
+        build = cfg["services"][name]["build"]
+        assert build["dockerfile"] == "deploy/docker/Dockerfile.cpu" and build["network"] == "host"
+        assert build["args"]["PYTHON_IMAGE"] == "flywheel-base:bookworm"
+        assert build["args"]["TORCH_INDEX_URL"] == "http://127.0.0.1:1/"
+        assert [s["source"] for s in build["secrets"]] == ["pip_ca"]
+    assert cfg["secrets"]["pip_ca"]["file"] == "/etc/ssl/certs/ca-certificates.crt"

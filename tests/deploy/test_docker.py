@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from fnmatch import fnmatch
@@ -158,3 +159,47 @@ def test_entrypoint_passes_config_file_and_overrides(tmp_path):
     )
     assert result.returncode == 2, result.stdout + result.stderr
     assert "reward.num_workers" in result.stderr
+
+
+@pytest.mark.parametrize("dockerfile", ["Dockerfile.cpu", "Dockerfile.gpu"])
+def test_builds_offline_with_the_engines_own_frontend(dockerfile):
+    """No `# syntax=` directive (it made BuildKit pull a frontend image from a registry before
+    parsing anything); every pip step can trust a CA bundle given as the build secret
+    `pip_ca`, and no certificate or pip setting is written into an image."""
+    text = (DOCKER / dockerfile).read_text()
+    assert not re.search(r"^#\s*syntax\s*=", text, re.IGNORECASE | re.MULTILINE)
+    stages = parse_dockerfile(DOCKER / dockerfile)
+    pip_runs = [
+        args
+        for s in stages
+        for kw, args in s["instructions"]
+        if kw == "RUN" and "pip install" in args
+    ]
+    assert pip_runs
+    for args in pip_runs:
+        assert args.startswith("--mount=type=secret,id=pip_ca "), args
+        assert "PIP_CERT=/run/secrets/pip_ca" in args
+    for stage in stages:
+        for kw, args in stage["instructions"]:
+            assert not (kw == "ENV" and "PIP_CERT" in args), args
+            assert not (kw == "COPY" and re.search(r"\.(crt|pem)\b", args)), args
+    if dockerfile == "Dockerfile.cpu":
+        assert {s["base"] for s in stages if s["name"] in ("builder", "runtime")} == {
+            "${PYTHON_IMAGE}"
+        }
+
+
+def test_offline_override_names_only_build_inputs_and_local_images():
+    """deploy/docker/compose.offline.yml changes the build inputs (base image, torch index,
+    build network, CA secret) and the images of Redis and Prometheus, nothing else."""
+    import yaml
+
+    offline = yaml.safe_load((DOCKER / "compose.offline.yml").read_text())
+    for name in SERVICES + ("prepare",):
+        build = offline["services"][name]["build"]
+        assert set(build) == {"network", "args", "secrets"} and build["network"] == "host"
+        assert set(build["args"]) == {"PYTHON_IMAGE", "TORCH_INDEX_URL", "PIP_INDEX_URL"}
+        assert set(offline["services"][name]) == {"build"}
+    assert offline["services"]["grafana"] == {"profiles": ["grafana"]}
+    assert set(offline["services"]) == {*SERVICES, "prepare", "redis", "prometheus", "grafana"}
+    assert set(offline["secrets"]) == {"pip_ca"}
