@@ -75,6 +75,9 @@ def prepare_model(cfg: FlywheelConfig, run_dir: Path, log: Any = print) -> None:
     from services.common.tiny_model import write_tiny_model
 
     if cfg.actor.path:
+        from services.common.model_source import resolve_config_sources
+
+        resolve_config_sources(cfg)  # GGUF sources: converted once, before any service starts
         return
     tm = cfg.launcher.tiny_model
     base = write_tiny_model(

@@ -12,7 +12,7 @@ One rank is sharded too (a 1-rank mesh), so 1 and N ranks run the same code.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -24,6 +24,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
 from services.common.config import TrainEngineConfig
+from services.common.model_source import resolve_model_path
 from services.trainer.dist import DistContext
 
 log = logging.getLogger(__name__)
@@ -51,22 +52,23 @@ def load_hf_model(cfg: TrainEngineConfig, *, critic: bool = False) -> nn.Module:
             "actor.path is empty: point it at a Hugging Face checkpoint directory "
             "(the launcher writes the tiny model there for the embedded default)"
         )
+    path = resolve_model_path(cfg.path)  # a GGUF source loads from its converted directory
     master = torch_dtype(cfg.optimizer_dtype)
     kwargs: dict[str, Any] = {"attn_implementation": cfg.attn_impl}
     if critic or cfg.is_critic:
-        hf_cfg = AutoConfig.from_pretrained(cfg.path, num_labels=1)
+        hf_cfg = AutoConfig.from_pretrained(path, num_labels=1)
         if cfg.disable_dropout and hasattr(hf_cfg, "classifier_dropout"):
             hf_cfg.classifier_dropout = 0.0
         if cfg.init_from_scratch:
             model = AutoModelForTokenClassification.from_config(hf_cfg, **kwargs)
         else:
             model = AutoModelForTokenClassification.from_pretrained(
-                cfg.path, config=hf_cfg, dtype=master, **kwargs
+                path, config=hf_cfg, dtype=master, **kwargs
             )
     elif cfg.init_from_scratch:
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(cfg.path), **kwargs)
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), **kwargs)
     else:
-        model = AutoModelForCausalLM.from_pretrained(cfg.path, dtype=master, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=master, **kwargs)
     model = model.to(master)
     if cfg.disable_dropout:
         for m in model.modules():
@@ -135,13 +137,13 @@ def full_state_dict(model: nn.Module, names: list[str] | None = None) -> dict[st
         if missing:
             raise KeyError(f"full state dict lacks parameters {missing[:3]}")
         sd = {n: sd[n] for n in names}
-    return sd
+    return cast(dict[str, torch.Tensor], sd)
 
 
 def load_full_state_dict(model: nn.Module, sd: dict[str, torch.Tensor]) -> None:
     """Inverse of `full_state_dict` (rank 0's tensors are broadcast into the shards)."""
     set_model_state_dict(
         model,
-        sd,
+        cast(dict[str, Any], sd),
         options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False),
     )

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from services.common.model_source import resolve_model_path
 from services.common.weights import (
     WeightManifest,
     WeightsError,
@@ -48,9 +49,11 @@ log = logging.getLogger(__name__)
 
 def load_tokenizer(path: str | Path) -> Any:
     """`PreTrainedTokenizerFast` when the directory has a `tokenizer.json` (ids exactly as
-    trained), else `AutoTokenizer`."""
+    trained), else `AutoTokenizer`. A GGUF source (`pkg:...`, `*.gguf`) loads from its
+    converted directory."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+    path = resolve_model_path(path)
     if (Path(path) / "tokenizer.json").is_file():
         return PreTrainedTokenizerFast.from_pretrained(str(path))
     return AutoTokenizer.from_pretrained(str(path))
@@ -137,8 +140,8 @@ class TorchEngine(InferenceEngine):
         kwargs: dict[str, Any] = {"attn_implementation": "sdpa"}
         if self.dtype_name:
             kwargs["torch_dtype"] = getattr(torch, self.dtype_name)
-        model = AutoModelForCausalLM.from_pretrained(self.model_path, **kwargs)
-        model.to(self.device).eval()
+        model = AutoModelForCausalLM.from_pretrained(resolve_model_path(self.model_path), **kwargs)
+        model.to(self.device).eval()  # type: ignore[arg-type]
         model.requires_grad_(False)
         self.model = model
         self.tokenizer = load_tokenizer(self.tokenizer_path)
@@ -203,7 +206,7 @@ class TorchEngine(InferenceEngine):
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
             raise ValueError("prompt_ids is empty")
-        vocab = int(self.model.config.vocab_size)  # type: ignore[union-attr]
+        vocab = int(self.model.config.vocab_size)  # type: ignore[union-attr, arg-type]
         bad = [t for t in prompt if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt_ids contains ids outside [0, {vocab}): {bad[:5]}")
