@@ -214,6 +214,10 @@ def test_ppo_with_critic_and_reference(tiny_model_dir: Path, tmp_path: Path, gro
     assert abs(r1.stats["kl_rewards"]) < 1e-6
     assert r2.stats["kl_rewards"] < -1e-4
     assert r2.critic_loss is not None and math.isfinite(r2.critic_loss)
+    # the critic's per-token statistics, AReaL's (areal/trainer/ppo/critic.py `ppo_loss_fn`)
+    for name in ("value_clip_ratio", "critic_loss", "new_value", "target_value"):
+        assert {f"{name}/avg", f"{name}/min", f"{name}/max"} <= set(r2.stats), name
+    assert r2.stats["value_loss"] == r2.critic_loss
     critic_after = t.critic.full_state_dict()  # type: ignore[union-attr]
     assert any(not torch.equal(critic_before[k], critic_after[k]) for k in critic_before)
 
@@ -275,3 +279,30 @@ def test_step_equals_a_plain_grpo_step(tiny_model_dir: Path, tmp_path: Path, gro
     expected = dict(model.named_parameters())
     for k, v in got.items():
         torch.testing.assert_close(v, expected[k].detach(), rtol=0, atol=1e-5)
+
+
+def test_teacher_log_probs_are_computed_like_the_reference(
+    tiny_model_dir: Path, tmp_path: Path, groups
+) -> None:
+    # On-policy distillation (AReaL 2.0 `grpo_loss_fn` with teacher_logp from
+    # `rl_trainer.py`): the teacher is the initial model, so at step 1 π_θ = π_teacher on
+    # every token, the distillation term (log π_θ - log π_T) is exactly 0 and the loss
+    # equals the loss without a teacher; after one update it is not.
+    common = ("actor.recompute_logprob=true", "actor.use_decoupled_loss=false")
+    t = _trainer(
+        tiny_model_dir,
+        tmp_path,
+        *common,
+        f"+teacher.path={tiny_model_dir}",
+        "+teacher.dtype=float32",
+        "+teacher.distill_loss_weight=1.0",
+    )
+    plain = _trainer(tiny_model_dir, tmp_path, *common)
+    assert not t.reuses_first_minibatch_logp  # a teacher pass keeps the full proximal pass
+    r1, p1 = t.train_batch(groups), plain.train_batch(groups)
+    assert t.forward_counts["teacher"] == 1 and plain.forward_counts["teacher"] == 0
+    assert r1.stats["rkl_loss/avg"] == 0.0 and r1.stats["rkl_loss/max"] == 0.0
+    torch.testing.assert_close(r1.loss, p1.loss, rtol=0, atol=1e-7)
+    r2 = t.train_batch(groups)
+    assert t.forward_counts["teacher"] == 2
+    assert r2.stats["rkl_loss/max"] > 0.0 and "teacher" in r2.phase_seconds

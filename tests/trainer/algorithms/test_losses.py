@@ -447,3 +447,177 @@ def test_critic_packed_equals_padded(gen: torch.Generator) -> None:
         loss_agg_mode="seq-mean-token-mean",
     )
     assert_close(packed, pad, rtol=1e-6, atol=1e-7)
+
+
+# -- AReaL 2.0's per-token statistics and their masks ------------------------------------
+
+
+def _rs_row(ratios: list[float], behave_w: list[float]) -> dict[str, torch.Tensor]:
+    """π_prox = e^-1 per token, π_θ/π_prox = `ratios`, π_prox/π_behave = `behave_w`, A = 1."""
+    prox = torch.full((1, len(ratios)), -1.0)
+    return {
+        "logprobs": (prox + torch.log(torch.tensor([ratios]))).requires_grad_(True),
+        "proximal_logprobs": prox,
+        "behave_logprobs": prox - torch.log(torch.tensor([behave_w])),
+        "advantages": torch.ones(1, len(ratios)),
+        "loss_mask": torch.ones(1, len(ratios), dtype=torch.bool),
+    }
+
+
+ICE = RejectionSpec(level="token", action="mask", metric="ratio", upper=2.0)
+
+
+def test_rejection_sampling_statistics_follow_areal_2() -> None:
+    # AReaL 2.0 `ppo_actor_loss_fn` (areal/utils/functional/functional.py) with rejection
+    # sampling and `grpo_loss_fn` (areal/trainer/ppo/actor.py) for the denominators.
+    # ratios [1.5, 0.5, 1.0], behaviour weights [1, 4, 1]; upper 2 rejects token 1.
+    # Loss: max(-ρA, -clip(ρ)A) = [-1.2, -0.5, -1.0] x weight [1, 0, 1] over the post-
+    # rejection mask, divided by the pre-rejection count 3: (-1.2 - 1.0)/3 = -0.7333333.
+    # Stats over the pre-rejection mask: importance_weight (1.5 + 0.5 + 1)/3 = 1,
+    # clip_ratio 1/3 (token 0; token 1 is rejected but still counted, ratio 0.5 unclipped
+    # for A > 0); behave_* over behave_mask = weight > 0 & kept = tokens 0, 2: weight 1,
+    # approx KL 0; behave_filtered_ratio 1/3; filtered_fraction 1/3.
+    loss, stats = ppo_actor_loss(
+        **_rs_row([1.5, 0.5, 1.0], [1.0, 4.0, 1.0]), use_decoupled_loss=True, rejection_sampling=ICE
+    )
+    assert_close(loss, torch.tensor(-2.2 / 3), rtol=0, atol=1e-6)
+    rep = summarize_token_stats(stats, ACTOR_TOKEN_STATS)
+    assert_close(rep["importance_weight/avg"], torch.tensor(1.0), rtol=0, atol=1e-6)
+    assert_close(rep["importance_weight/min"], torch.tensor(0.5), rtol=0, atol=1e-6)
+    assert_close(rep["clip_ratio/avg"], torch.tensor(1 / 3), rtol=0, atol=1e-6)
+    assert_close(rep["behave_imp_weight/avg"], torch.tensor(1.0), rtol=0, atol=1e-6)
+    assert_close(rep["behave_imp_weight/max"], torch.tensor(1.0), rtol=0, atol=1e-6)
+    assert_close(rep["behave_approx_kl/avg"], torch.tensor(0.0), rtol=0, atol=1e-6)
+    assert_close(rep["behave_filtered_ratio/avg"], torch.tensor(1 / 3), rtol=0, atol=1e-6)
+    assert_close(stats["filtered_fraction"], torch.tensor(1 / 3), rtol=0, atol=1e-6)
+    assert stats["loss_mask"].tolist() == [[True, True, True]]  # the statistics mask
+    assert stats["behave_mask"].tolist() == [[True, False, True]]
+    assert stats["importance_weight"].shape == (1, 3)  # per-token tensors, AReaL's names
+    check_stat_names(stats)
+
+
+def test_gspo_with_rejection_sampling_reports_zero_ratio_on_rejected_tokens() -> None:
+    # AReaL `_compute_sequence_level_ratio_and_advantages`: the sequence ratio is taken over
+    # the post-rejection mask and is 0 elsewhere; the statistics divide by the pre-rejection
+    # count. Kept tokens 0, 2: ρ_seq = exp((ln 1.5 + ln 1)/2) = sqrt(1.5) = 1.2247449,
+    # importance_weight/avg = 2 * 1.2247449 / 3 = 0.8164966. A_seq = 1; clipped to 1.2 on
+    # both kept tokens: loss (-1.2 - 1.2)/3 = -0.8, clip_ratio 2/3.
+    loss, stats = ppo_actor_loss(
+        **_rs_row([1.5, 0.5, 1.0], [1.0, 4.0, 1.0]),
+        use_decoupled_loss=True,
+        rejection_sampling=ICE,
+        importance_sampling_level="sequence",
+    )
+    assert_close(loss, torch.tensor(-0.8), rtol=0, atol=1e-6)
+    rep = summarize_token_stats(stats, ACTOR_TOKEN_STATS)
+    assert_close(
+        rep["importance_weight/avg"], torch.tensor(2 * math.sqrt(1.5) / 3), rtol=0, atol=1e-6
+    )
+    assert_close(rep["importance_weight/min"], torch.tensor(0.0), rtol=0, atol=0)
+    assert_close(rep["clip_ratio/avg"], torch.tensor(2 / 3), rtol=0, atol=1e-6)
+
+
+def test_cispo_clip_mask_is_over_the_post_rejection_mask() -> None:
+    # AReaL `cispo_loss_fn`: clip_mask = (clip(ρ) != ρ) & loss_mask after rejection sampling.
+    # ratios [1.5, 2.0, 1.0], band [0, 1.2]: tokens 0 and 1 leave it, but token 1 is
+    # rejected (behaviour weight 4 > 2): clip_ratio/avg = 1/3 over the 3 statistics tokens.
+    # Loss -sg(clip ρ) A log π_θ over kept tokens / 3: log π_θ = -1 + ln 1.5, -1 + ln 1:
+    # -(1.2 (-1 + ln 1.5) + 1.0 (-1)) / 3
+    data = _rs_row([1.5, 2.0, 1.0], [1.0, 4.0, 1.0])
+    loss, stats = ppo_actor_loss(
+        **data,
+        surrogate="cispo",
+        eps_clip=1.0,
+        eps_clip_higher=0.2,
+        use_decoupled_loss=True,
+        rejection_sampling=ICE,
+    )
+    expected = -(1.2 * (-1 + math.log(1.5)) + 1.0 * -1.0) / 3
+    assert_close(loss, torch.tensor(expected), rtol=0, atol=1e-6)
+    rep = summarize_token_stats(stats, ACTOR_TOKEN_STATS)
+    assert_close(rep["clip_ratio/avg"], torch.tensor(1 / 3), rtol=0, atol=1e-6)
+    # the PPO clip on the same data counts the rejected token's clip too: 2/3
+    _, clip_stats = ppo_actor_loss(**data, use_decoupled_loss=True, rejection_sampling=ICE)
+    rep = summarize_token_stats(clip_stats, ACTOR_TOKEN_STATS)
+    assert_close(rep["clip_ratio/avg"], torch.tensor(2 / 3), rtol=0, atol=1e-6)
+
+
+def test_sapo_reports_areals_three_gates() -> None:
+    # AReaL `sapo_loss_fn`: sapo_soft_gate (the one of the token's sign) and both scaled
+    # gates. ρ = 1.5, A = -1, τ_pos = 1, τ_neg = 2: pos = 4 σ(0.5) = 2.4898373,
+    # neg = 2 σ(1.0) = 1.4621172, soft = neg.
+    logp, prox, adv, mask = _one_row([1.5], [-1.0])
+    _, stats = ppo_actor_loss(
+        logp, prox, adv, mask, surrogate="sapo", sapo_tau_pos=1.0, sapo_tau_neg=2.0
+    )
+    rep = summarize_token_stats(stats, ACTOR_TOKEN_STATS)
+    assert_close(rep["sapo_scaled_gate_pos/avg"], torch.tensor(2.4898373), rtol=0, atol=1e-6)
+    assert_close(rep["sapo_scaled_gate_neg/avg"], torch.tensor(1.4621172), rtol=0, atol=1e-6)
+    assert_close(rep["sapo_soft_gate/avg"], torch.tensor(1.4621172), rtol=0, atol=1e-6)
+
+
+# -- on-policy distillation (AReaL 2.0 teacher term) ------------------------------------
+
+
+def test_teacher_term_with_the_rl_loss_hand_computed() -> None:
+    # AReaL 2.0 `grpo_loss_fn` (areal/trainer/ppo/actor.py), rl_loss_weight > 0:
+    # loss = rl_w L_RL + w_d Σ (log π_θ - log π_T) m / Σ m.
+    # log π_θ = π_prox = [-1, -2] (ρ = 1), A = 1: L_RL = -1; teacher [-1.5, -1.0]:
+    # penalty [0.5, -1.0], mean -0.25; rl_w = 1, w_d = 0.5: loss = -1 - 0.125 = -1.125.
+    # d/d log π_θ: -A ρ / 2 + 0.5 / 2 = -0.5 + 0.25 = -0.25 on both tokens.
+    prox = torch.tensor([[-1.0, -2.0]])
+    logp = prox.clone().requires_grad_(True)
+    adv, mask = torch.ones(1, 2), torch.ones(1, 2, dtype=torch.bool)
+    teacher = torch.tensor([[-1.5, -1.0]])
+    loss, stats = ppo_actor_loss(
+        logp, prox, adv, mask, teacher_logprobs=teacher, rl_loss_weight=1.0, distill_loss_weight=0.5
+    )
+    assert_close(loss, torch.tensor(-1.125), rtol=0, atol=1e-6)
+    loss.backward()
+    assert_close(logp.grad, torch.tensor([[-0.25, -0.25]]), rtol=0, atol=1e-6)
+    assert_close(_avg(stats, "rkl_loss"), torch.tensor(-0.25), rtol=0, atol=1e-6)
+    check_stat_names(stats)
+
+
+@pytest.mark.parametrize("decoupled", [False, True])
+def test_teacher_term_alone_is_the_importance_weighted_reverse_kl(decoupled: bool) -> None:
+    # AReaL 2.0 `grpo_loss_fn`, rl_loss_weight == 0 (pure distillation):
+    # loss = -w_d Σ w (log π_T - sg(log π_θ)) m / Σ m, w = π_θ/π_old, π_old = the input
+    # `logprobs` (π_behave with the decoupled loss, else π_prox here).
+    # log π_θ = [-1, -1], π_old = [-1 - ln 2, -1] -> w = [2, 1]; teacher [-1.5, -1.5]:
+    # term = [2 (-0.5), 1 (-0.5)] = [-1, -0.5], mean -0.75; w_d = 0.5 -> loss 0.375.
+    # gradient (dw/dlogp = w): -0.5/2 * w (π_T - π_θ) = -0.25 [-1, -0.5] = [0.25, 0.125].
+    logp = torch.tensor([[-1.0, -1.0]], requires_grad=True)
+    old = torch.tensor([[-1.0 - math.log(2.0), -1.0]])
+    adv, mask = torch.ones(1, 2), torch.ones(1, 2, dtype=torch.bool)
+    kw: dict = {"teacher_logprobs": torch.tensor([[-1.5, -1.5]]), "rl_loss_weight": 0.0}
+    kw["distill_loss_weight"] = 0.5
+    if decoupled:  # π_prox is something else; the weight uses π_behave
+        loss, stats = ppo_actor_loss(
+            logp, logp.detach() - 0.3, adv, mask, behave_logprobs=old, use_decoupled_loss=True, **kw
+        )
+    else:
+        loss, stats = ppo_actor_loss(logp, old, adv, mask, **kw)
+    assert_close(loss, torch.tensor(0.375), rtol=0, atol=1e-6)
+    loss.backward()
+    assert_close(logp.grad, torch.tensor([[0.25, 0.125]]), rtol=0, atol=1e-6)
+    # rkl_loss = -term = [1, 0.5] -> avg 0.75
+    assert_close(_avg(stats, "rkl_loss"), torch.tensor(0.75), rtol=0, atol=1e-6)
+
+
+def test_critic_huber_delta_defaults_to_areals_ten() -> None:
+    # AReaL `ppo_critic_loss_fn`: Huber with delta=10.0. |d| = 0.5 -> ½ 0.25 = 0.125;
+    # |d| = 12 -> 10 (12 - 5) = 70 (with δ = 1 it would be 11.5); mean 35.0625.
+    values = torch.tensor([[0.5, 12.0]], requires_grad=True)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    loss, stats = critic_loss(
+        values, values.detach(), torch.zeros(1, 2), mask, eps_clip=None, value_loss="huber"
+    )
+    assert_close(loss, torch.tensor(35.0625), rtol=0, atol=1e-5)
+    # per-token statistics, AReaL's names (areal/trainer/ppo/critic.py `ppo_loss_fn`)
+    rep = summarize_token_stats(stats, CRITIC_TOKEN_STATS)
+    assert_close(rep["critic_loss/max"], torch.tensor(70.0), rtol=0, atol=1e-5)
+    assert_close(rep["new_value/avg"], torch.tensor(6.25), rtol=0, atol=1e-6)
+    from services.common.config import PPOCriticConfig
+
+    assert PPOCriticConfig().huber_delta == 10.0

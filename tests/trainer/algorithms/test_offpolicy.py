@@ -183,3 +183,75 @@ def test_m2po_in_the_actor_loss_uses_prox_versus_behave() -> None:
     assert logp.grad is not None and logp.grad[0, 2] == 0.0
     with pytest.raises(ValueError, match="M2PO. needs behave_logprobs"):
         ppo_actor_loss(logp, prox, adv, mask, m2_threshold=0.05)
+
+
+def test_m2po_keeps_the_single_smallest_token_when_no_cut_qualifies() -> None:
+    # AReaL `_get_m2po_loss_mask` (areal/trainer/ppo/actor.py): sorted descending
+    # M2 = [4, 1]; suffix means [2.5, 1]; none < 0.5 -> mask n - 1 tokens, keep the smallest.
+    new, stats = m2po_mask(torch.tensor([[1.0, 2.0]]), torch.ones(1, 2, dtype=torch.bool), 0.5)
+    assert new.tolist() == [[True, False]]
+    assert_close(stats["m2po_masked_fraction"], torch.tensor(0.5), rtol=0, atol=0)
+
+
+def test_m2po_threshold_is_strict() -> None:
+    # AReaL keeps a suffix only while its mean is < threshold. log r = [0.5, 1.5]:
+    # M2 = [0.25, 2.25] (exact in binary), mean of both 1.25; threshold 1.25 -> the pair
+    # does not qualify, the smallest alone (0.25 < 1.25) does.
+    log_ratio, mask = torch.tensor([[0.5, 1.5]]), torch.ones(1, 2, dtype=torch.bool)
+    assert m2po_mask(log_ratio, mask, 1.25)[0].tolist() == [[True, False]]
+    assert m2po_mask(log_ratio, mask, 1.2500001)[0].tolist() == [[True, True]]
+
+
+def test_m2po_denominator_with_a_minibatch_normalizer() -> None:
+    # AReaL: each micro-batch's loss is Σ kept / (its post-M2PO count), weighted by
+    # (its pre-M2PO count) / (the minibatch's). One micro-batch of 4 tokens (3 kept,
+    # loss -1 each) in a minibatch of 8: (-3 / 3) x 4 / 8 = -0.5.
+    prox = torch.zeros(1, 4)
+    behave = -torch.tensor([[0.1, 0.2, 1.0, 0.3]])
+    logp = prox.clone().requires_grad_(True)
+    adv, mask = torch.ones(1, 4), torch.ones(1, 4, dtype=torch.bool)
+    loss, _ = ppo_actor_loss(
+        logp, prox, adv, mask, behave_logprobs=behave, m2_threshold=0.05, normalizer=8.0
+    )
+    assert_close(loss, torch.tensor(-0.5), rtol=0, atol=1e-6)
+
+
+def test_m2po_runs_before_rejection_sampling() -> None:
+    # AReaL `grpo_loss_fn` masks with M2PO, then `ppo_actor_loss_fn` applies rejection
+    # sampling to that mask. log π_prox/π_behave = [0.1, 0.2, 1.0, 0.3]: M2PO (0.05)
+    # drops token 2, whose weight e^1 = 2.718 would also exceed upper 2: rejection
+    # sampling then has nothing left to filter (filtered_fraction 0, not 1/4).
+    prox = torch.zeros(1, 4)
+    behave = -torch.tensor([[0.1, 0.2, 1.0, 0.3]])
+    logp = prox.clone().requires_grad_(True)
+    adv, mask = torch.ones(1, 4), torch.ones(1, 4, dtype=torch.bool)
+    _, stats = ppo_actor_loss(
+        logp,
+        prox,
+        adv,
+        mask,
+        behave_logprobs=behave,
+        use_decoupled_loss=True,
+        rejection_sampling=RejectionSpec(upper=2.0),
+        m2_threshold=0.05,
+    )
+    assert_close(stats["m2po_masked_fraction"], torch.tensor(0.25), rtol=0, atol=0)
+    assert_close(stats["filtered_fraction"], torch.tensor(0.0), rtol=0, atol=0)
+    assert stats["loss_mask"].tolist() == [[True, True, False, True]]  # statistics mask
+
+
+def test_binary_kl_lower_bound_applies_as_in_areal() -> None:
+    # AReaL `apply_rejection_sampling` -> `_check_bounds`: lower <= metric <= upper for every
+    # metric, binary_kl included. Token 0: p = .5, q = .25: KL(P||Q) = .5 ln 2 + .5 ln(.5/.75)
+    # = 0.1438410, reverse .25 ln .5 + .75 ln 1.5 = 0.1308120, max 0.1438410; token 1: p = q
+    # -> 0. With lower 0.01 and upper 2 token 1 is rejected and token 0 kept.
+    prox = torch.log(torch.tensor([[0.5, 0.3]]))
+    behave = torch.log(torch.tensor([[0.25, 0.3]]))
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    spec = RejectionSpec(metric="binary_kl", lower=0.01, upper=2.0)
+    res = apply_rejection_sampling(prox, behave, mask, spec)
+    assert res.loss_mask.tolist() == [[True, False]]
+    assert_close(res.filtered_fraction, torch.tensor(0.5), rtol=0, atol=0)
+    assert_close(
+        binary_kl_symmetric(prox, behave)[0, 0], torch.tensor(0.1438410), rtol=0, atol=1e-6
+    )
