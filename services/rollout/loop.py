@@ -10,6 +10,16 @@ Per group:
    it; transient put failures are retried with the *same* group id (the buffer dedups);
 4. on any failure release the reservation so capacity does not leak.
 
+The buffer client rides through a buffer (or Redis) outage of up to
+`services.peer_outage_budget_s`: a reserve, put or release made while the buffer restarts
+completes once it is back. For an outage longer than that, nothing is left behind either:
+a release that failed is remembered and sent again by a task of its own (it does not wait
+for a free slot) until the buffer answers (releasing an id twice, or one a put already fulfilled, is harmless:
+ids are unique and a release only removes what is still held); and a reservation request
+whose answer was lost is asked again under the same request id, so the buffer hands back
+the ids it granted the first time instead of granting new ones. `docs/buffer.md` argues why
+this keeps the capacity formula exact.
+
 At most `max_concurrent_rollouts` groups are in flight. `pause()` (from the trainer) stops
 starting groups and holds the engine between decode steps; `drain()` (SIGTERM) stops
 starting groups and waits for those in flight to finish and be put.
@@ -86,6 +96,9 @@ class RolloutLoop:
         self._tasks: set[asyncio.Task[None]] = set()
         self._main: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        self._unreleased: set[str] = set()  # reservations a failed release left held
+        self._releaser: asyncio.Task[None] | None = None
+        self._reserve_rid: str | None = None  # a reserve whose answer never came
 
     # ---------------------------------------------------------------- control
 
@@ -100,6 +113,11 @@ class RolloutLoop:
     @property
     def groups_in_flight(self) -> int:
         return len(self._tasks)
+
+    @property
+    def unreleased_reservations(self) -> int:
+        """Reservations given up on whose release has not reached the buffer yet."""
+        return len(self._unreleased)
 
     async def pause(self) -> None:
         self._running.clear()
@@ -128,6 +146,10 @@ class RolloutLoop:
         if self._main is not None:
             self._main.cancel()
             await asyncio.gather(self._main, return_exceptions=True)
+        if self._releaser is not None:  # if it cannot finish, the next start releases by id
+            await asyncio.wait({self._releaser}, timeout=10.0)
+            self._releaser.cancel()
+            await asyncio.gather(self._releaser, return_exceptions=True)
 
     # ------------------------------------------------------------------- loop
 
@@ -150,8 +172,13 @@ class RolloutLoop:
             if self._draining:
                 self._slots.release()
                 break
+            # A reserve that failed is asked again under its request id: if the buffer had
+            # granted it before the answer was lost, it hands back those ids, not new ones.
+            self._reserve_rid = self._reserve_rid or f"reserve-{uuid.uuid4().hex}"
             try:
-                reservation = await self.buffer.reserve(1, rollout_id=self.rollout_id)
+                reservation = await self.buffer.reserve(
+                    1, rollout_id=self.rollout_id, request_id=self._reserve_rid
+                )
             except asyncio.CancelledError:
                 self._slots.release()
                 raise
@@ -160,6 +187,7 @@ class RolloutLoop:
                 log.warning("capacity reservation failed", extra={"error": str(exc)})
                 await self._wait(1.0)
                 continue
+            self._reserve_rid = None
             await self._maybe_catch_up(reservation.version)
             if not reservation.reservation_ids:
                 self._slots.release()
@@ -206,10 +234,45 @@ class RolloutLoop:
             self.metrics.groups_rejected.labels(reason=reason).inc()
 
     async def _release(self, reservation_ids: list[str]) -> None:
+        """Give reservations back; while the buffer is unreachable, hold them for the
+        releaser task instead of waiting out the outage here."""
+        peer = getattr(self.buffer, "peer", None)
+        if peer is not None and peer.down:
+            self._hold(reservation_ids)
+            return
         try:
             await self.buffer.release(reservation_ids)
-        except Exception as exc:  # noqa: BLE001 - the buffer expires reservations anyway
-            log.warning("could not release reservation", extra={"error": str(exc)})
+        except asyncio.CancelledError:
+            self._hold(reservation_ids)
+            raise
+        except Exception as exc:  # noqa: BLE001 - the releaser task sends it again
+            self._hold(reservation_ids)
+            log.warning(
+                "could not release reservations; releasing them when the buffer answers",
+                extra={"error": str(exc), "held": len(self._unreleased)},
+            )
+
+    def _hold(self, reservation_ids: list[str]) -> None:
+        self._unreleased.update(reservation_ids)
+        if self._releaser is None or self._releaser.done():
+            self._releaser = asyncio.create_task(self._release_held(), name="rollout-release")
+
+    async def _release_held(self) -> None:
+        """Release the held reservations as soon as the buffer answers (idempotent: ids are
+        unique and a release removes only reservations still held)."""
+        while self._unreleased:
+            ids = sorted(self._unreleased)
+            try:
+                n = await self.buffer.release(ids)
+            except Exception as exc:  # noqa: BLE001 - still down after the client's budget
+                log.warning("buffer still unreachable", extra={"error": str(exc), "held": len(ids)})
+                await asyncio.sleep(1.0)
+                continue
+            self._unreleased.difference_update(ids)
+            log.info(
+                "released reservations held through a buffer outage",
+                extra={"reservations": len(ids), "released": n},
+            )
 
     async def _episode(self, data: dict[str, Any], reservation_id: str) -> None:
         group_id = uuid.uuid4().hex

@@ -277,3 +277,208 @@ async def test_rlvr_loop_against_real_buffer_and_reward(
             await c.close()
         await reward_svc.stop(grace=0.5)
         await buffer_svc.stop(grace=0.5)
+
+
+# ------------------------------------ integration: a buffer outage while groups are in flight
+
+
+class GatedWorkflow:
+    """Each episode waits for a ticket from the test, then returns a valid two-sample group,
+    so the test decides when puts happen (while the buffer is down, or after)."""
+
+    def __init__(self) -> None:
+        self.tickets = asyncio.Semaphore(0)
+
+    async def arun_episode(self, engine: Any, data: dict[str, Any]) -> TrajectoryGroup:
+        from services.rollout.workflows.base import build_trajectory
+
+        await self.tickets.acquire()
+        trajectories = [
+            build_trajectory(
+                data["prompt_ids"],
+                [([5, 6], [-0.1, -0.2], [0, 0], 0)],
+                reward=r,
+                stop_reason="stop",
+            )
+            for r in (0.0, 1.0)
+        ]
+        return TrajectoryGroup(group_id="", trajectories=trajectories, prompt_id=data["prompt_id"])
+
+    def let_through(self, n: int) -> None:
+        for _ in range(n):
+            self.tickets.release()
+
+
+async def _buffer(redis_url: str, tmp_path: Path, port: int = 0) -> Any:
+    """A real buffer on `port` (0: any); a new one on the same port is the restarted buffer
+    (its state is in Redis). Capacity is bounded by concurrency only: 4 reservations."""
+    from services.buffer.service import BufferParts, BufferService
+    from services.common.config import BufferConfig, RolloutConfig
+
+    svc = BufferService(
+        BufferParts(
+            buffer=BufferConfig(redis_url=redis_url, claim_poll_ms=5),
+            rollout=RolloutConfig(
+                consumer_batch_size=2, max_head_offpolicyness=1000, max_concurrent_rollouts=4
+            ),
+            prefix="outagetest",
+            export_dir=str(tmp_path / "exports"),
+            port=port,
+        )
+    )
+    await svc.start()
+    return svc
+
+
+def _gated_loop(engine: TorchEngine, buffer: Any, max_concurrent: int) -> Any:
+    workflow = GatedWorkflow()
+    loop = RolloutLoop(
+        engine=engine,
+        workflow=workflow,
+        dataset=tiny_dataset(engine, n=8),
+        buffer=buffer,
+        rollout_id="rollout-0",
+        max_concurrent=max_concurrent,
+        put_retries=0,  # the client's own retries only
+    )
+    return loop, workflow
+
+
+async def _drain(loop: RolloutLoop, workflow: GatedWorkflow) -> None:
+    """Drain, letting the episodes started meanwhile finish and be put."""
+    drain = asyncio.create_task(loop.drain(timeout=60))
+    workflow.let_through(8)
+    await drain
+
+
+async def _until(cond: Any, what: str, deadline_s: float = 120.0) -> None:
+    """Poll `cond` (a guard against a hang, not a timing assertion)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline_s
+    while not await cond():
+        assert loop.time() < end, f"never: {what}"
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+async def test_reservations_left_by_an_outage_longer_than_the_budget_come_back(
+    redis_server: Any, engine: TorchEngine, tmp_path: Path
+) -> None:
+    """Compose defect 4: the buffer is down while two episodes finish; their puts and
+    releases fail (a 0.5 s budget here, minutes by default). On today's code the two
+    reservations stay in Redis for buffer.reservation_timeout_s (1800 s), so `running`
+    stays 2 above the groups actually in flight. Now they are released once the buffer
+    answers, and the capacity formula counts exactly the groups in flight."""
+    from services.buffer.client import BufferClient
+
+    svc = await _buffer(redis_server.url, tmp_path)
+    port = svc.port
+    buffer = BufferClient(svc.address, outage_budget_s=0.5)
+    observer = BufferClient(svc.address)
+    loop, workflow = _gated_loop(engine, buffer, max_concurrent=2)
+
+    async def running_is(n: int) -> bool:
+        return (await observer.stats()).running == n
+
+    try:
+        loop.start()
+        await _until(lambda: running_is(2), "two reservations held")
+        assert loop.stats.groups_started == 2
+        await svc.stop(grace=0.5)
+        workflow.let_through(2)  # both episodes put now: nothing listens
+
+        async def both_failed() -> bool:
+            return loop.stats.rejected.get("put_failed", 0) == 2
+
+        await _until(both_failed, "both puts failed")
+        svc = await _buffer(redis_server.url, tmp_path, port=port)  # the restarted buffer
+
+        # The loop reserves for two new episodes (blocked on tickets) and gives the two
+        # held reservations back: exactly the groups in flight are reserved.
+        async def settled() -> bool:
+            return (
+                loop.stats.groups_started == 4
+                and loop.unreleased_reservations == 0
+                and await running_is(2)
+            )
+
+        await _until(settled, "reserved groups == groups in flight")
+        assert loop.groups_in_flight == 2
+        s = await observer.stats()
+        assert s.reservations_expired_total == 0  # released, not expired
+        assert (s.put_total, s.capacity) == (0, 2)  # capacity = min(4 - 2, ...) = 2
+        workflow.let_through(2)
+
+        async def produced() -> bool:
+            return loop.stats.groups_produced == 2
+
+        await _until(produced, "the two new groups stored")
+        await _drain(loop, workflow)
+        s = await observer.stats()
+        assert s.invariant_ok and s.running == 0
+        assert s.put_total == loop.stats.groups_produced >= 2
+    finally:
+        for c in (buffer, observer):
+            await c.close()
+        await svc.stop(grace=0.5)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+async def test_a_put_made_while_the_buffer_restarts_is_stored_once_it_is_back(
+    redis_server: Any, engine: TorchEngine, tmp_path: Path
+) -> None:
+    """rollout -> buffer: an outage within the budget costs waiting, not the group. The
+    buffer is down for 5 s, longer than the old client's fixed 5 retries (at most 3.1 s of
+    back-off); the put started during the outage is admitted by the restarted buffer, its
+    reservation is fulfilled (running back to 0) and the outage is exported."""
+    from prometheus_client import CollectorRegistry
+
+    from services.buffer.client import BufferClient
+    from services.common.outage import PeerOutageMetrics
+
+    svc = await _buffer(redis_server.url, tmp_path)
+    port = svc.port
+    registry = CollectorRegistry()
+    peer = PeerOutageMetrics("rollout", registry).peer("buffer", svc.address)
+    buffer = BufferClient(svc.address, peer=peer)  # the default budget: minutes
+    observer = BufferClient(svc.address)
+    loop, workflow = _gated_loop(engine, buffer, max_concurrent=1)
+
+    async def one_reserved() -> bool:
+        return (await observer.stats()).running == 1
+
+    try:
+        loop.start()
+        await _until(one_reserved, "one reservation held")
+        await svc.stop(grace=0.5)
+        workflow.let_through(1)
+
+        async def buffer_down() -> bool:
+            return peer.down
+
+        await _until(buffer_down, "the put met the dead buffer")
+        await asyncio.sleep(5.0)  # the outage
+        assert loop.stats.rejected == {}  # still waiting, not given up
+        svc = await _buffer(redis_server.url, tmp_path, port=port)
+
+        async def produced() -> bool:
+            return loop.stats.groups_produced == 1
+
+        await _until(produced, "the group stored")
+        await _drain(loop, workflow)
+        s = await observer.stats()
+        # Stored once (the retries carried the same group id), nothing lost or rejected.
+        assert s.put_total == s.admitted_total == loop.stats.groups_produced >= 1
+        assert s.duplicate_total == 0 and s.running == 0 and s.invariant_ok
+        assert loop.stats.rejected == {}
+    finally:
+        for c in (buffer, observer):
+            await c.close()
+        await svc.stop(grace=0.5)
+    seconds = registry.get_sample_value(
+        "flywheel_rollout_peer_unavailable_seconds_total", {"peer": "buffer"}
+    )
+    assert seconds is not None and seconds > 0
+    assert registry.get_sample_value("flywheel_rollout_peer_unavailable", {"peer": "buffer"}) == 0
