@@ -31,6 +31,7 @@ from services.launcher import assets
 from services.launcher.evaluation import EvalResult, evaluate
 from services.launcher.metrics_log import MetricsTail
 from services.launcher.processes import (
+    Liveness,
     RestartBudget,
     ServiceFailed,
     ServiceProcess,
@@ -90,6 +91,8 @@ class Restart:
     """Pid of the new process."""
     error: str | None = None
     """Why the restart failed, when it did."""
+    reason: str | None = None
+    """Why the launcher killed it, when it did (no answer to health checks)."""
 
 
 class LocalRun:
@@ -106,6 +109,8 @@ class LocalRun:
         self.rollout_versions: list[int] = []
         self._stop = threading.Event()
         self.specs: dict[str, _Spec] = {}
+        self.liveness: dict[str, Liveness] = {}
+        self._killed_because: dict[str, str] = {}
         self.restarts: list[Restart] = []
         lc = cfg.launcher
         self.budget = RestartBudget(
@@ -189,10 +194,14 @@ class LocalRun:
         ).start()
         self.procs = [p for p in self.procs if p.name != name] + [proc]
         self._write_pids()
+        if old := self.liveness.pop(name, None):
+            old.close()
         if wait_until_serving(
             proc, address, self.cfg.launcher.startup_timeout, may_finish=may_finish
         ):
             _say(f"{name} is SERVING on {address} (pid {proc.pid})")
+            if self.cfg.launcher.liveness_timeout_seconds is not None:
+                self.liveness[name] = Liveness(address, self.cfg.launcher.liveness_timeout_seconds)
             if may_finish:  # at once: a short-lived job may be gone by the next scrape
                 self._scrape()
         else:
@@ -238,6 +247,8 @@ class LocalRun:
                 _say(f"{proc.name} exited with {code} on stop")
         if self.redis is not None:
             self.redis.stop()
+        for probe in self.liveness.values():
+            probe.close()
 
     # ---- evaluation --------------------------------------------------------------------
     def evaluate(self, step: int) -> EvalResult | None:
@@ -313,7 +324,7 @@ class LocalRun:
     def watch(self) -> int:
         self.tail = MetricsTail(self.trainer_paths.metrics_jsonl)
         freq = self.cfg.launcher.eval.freq_steps
-        last_scrape = 0.0
+        last_scrape = last_probe = 0.0
         next_eval = freq if freq > 0 else None
         total = self.cfg.total_train_steps
         while True:
@@ -345,10 +356,30 @@ class LocalRun:
                 if total and self.last_step < total:
                     _say(f"trainer stopped (exit 0) at step {self.last_step} of {total}")
                 return 0
+            if time.monotonic() - last_probe >= self.cfg.launcher.liveness_period_seconds:
+                self._kill_the_silent()
+                last_probe = time.monotonic()
             for proc in list(self.procs):
                 if not proc.alive() and not (proc is trainer and proc.poll() == 0):
                     self._restart(proc)  # a trainer done since the check above: next round
             time.sleep(1.0)
+
+    def _kill_the_silent(self) -> None:
+        """Probe every running service; one silent for `liveness_timeout_seconds` is killed
+        (the next round restarts it like any dead service)."""
+        period = self.cfg.launcher.liveness_period_seconds
+        for proc in self.procs:
+            probe = self.liveness.get(proc.name)
+            if probe is None or not proc.alive() or probe.probe(deadline_s=period):
+                continue
+            if probe.hung():
+                why = (
+                    f"no answer to its health check for {probe.silent_for():.0f}s "
+                    f"(launcher.liveness_timeout_seconds={probe.timeout_s:g})"
+                )
+                _say(f"{proc.name} (pid {proc.pid}) gave {why}: killing it")
+                self._killed_because[proc.name] = why
+                proc.kill()
 
     def _died(self, name: str, code: int | None) -> Restart:
         """Record a death and wait out its back-off; a spent budget ends the run."""
@@ -365,7 +396,15 @@ class LocalRun:
             f"{name} died ({describe_exit(code)}): restarting in {delay:.1f}s "
             f"({attempt}/{limit} within {window:.0f}s)"
         )
-        record = Restart(name, describe_exit(code), code, died_at, delay, attempt=attempt)
+        record = Restart(
+            name,
+            describe_exit(code),
+            code,
+            died_at,
+            delay,
+            attempt=attempt,
+            reason=self._killed_because.pop(name, None),
+        )
         time.sleep(delay)
         return record
 

@@ -128,8 +128,12 @@ def wait_until_serving(
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+    from services.common.grpc_client import make_sync_channel
+
     deadline = time.monotonic() + timeout
-    channel = grpc.insecure_channel(address)
+    # Reconnects within a second or two of the server binding (a plain channel's back-off
+    # after refused connections grows past ten seconds while a service loads).
+    channel = make_sync_channel(address)
     stub = health_pb2_grpc.HealthStub(channel)
     try:
         while True:
@@ -214,3 +218,52 @@ class RestartBudget:
         """Count one restart of `name` now; returns the restarts within the window."""
         self._history.setdefault(name, []).append(self._clock())
         return self.recent(name)
+
+
+class Liveness:
+    """Whether a running service still answers its gRPC health check.
+
+    Any answer counts, NOT_SERVING included (a service draining or applying weights says
+    so on purpose); only silence does not: a process that is stopped (SIGSTOP), deadlocked
+    or thrashing answers nothing, and once it has been silent for `timeout_s` the launcher
+    treats it as dead (kills and restarts it), as a Kubernetes liveness probe would."""
+
+    def __init__(
+        self,
+        address: str,
+        timeout_s: float,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        from grpc_health.v1 import health_pb2_grpc
+
+        from services.common.grpc_client import make_sync_channel
+
+        self.address = address
+        self.timeout_s = timeout_s
+        self._clock = clock
+        self._channel = make_sync_channel(address)
+        self._stub = health_pb2_grpc.HealthStub(self._channel)
+        self.last_answer = clock()
+
+    def probe(self, deadline_s: float = 2.0) -> bool:
+        """One health check; True when the service answered (with any status)."""
+        import grpc
+        from grpc_health.v1 import health_pb2
+
+        try:
+            self._stub.Check(health_pb2.HealthCheckRequest(), timeout=deadline_s)
+        except grpc.RpcError:
+            return False
+        self.last_answer = self._clock()
+        return True
+
+    def silent_for(self) -> float:
+        """Seconds since the last answer (or since this probe was set up)."""
+        return self._clock() - self.last_answer
+
+    def hung(self) -> bool:
+        return self.silent_for() >= self.timeout_s
+
+    def close(self) -> None:
+        self._channel.close()

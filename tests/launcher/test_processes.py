@@ -4,6 +4,7 @@ orphans when the launcher itself is killed, and the restart budget with its back
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -12,6 +13,7 @@ import time
 import pytest
 
 from services.launcher.processes import (
+    Liveness,
     RestartBudget,
     ServiceFailed,
     ServiceProcess,
@@ -135,3 +137,44 @@ def test_exit_description_names_the_signal(tmp_path):
     assert code == -9 and describe_exit(code) == "signal SIGKILL"
     assert describe_exit(3) == "exit code 3"
     assert describe_exit(None) == "running"
+
+
+_HEALTH_SERVER = textwrap.dedent(
+    """
+    import sys, time
+    from concurrent import futures
+    import grpc
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    servicer = health.HealthServicer()
+    servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)  # draining still answers
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    print("port", port, flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_liveness_counts_any_answer_and_finds_a_stopped_service_hung(tmp_path):
+    proc = ServiceProcess(
+        "svc", [sys.executable, "-c", _HEALTH_SERVER], tmp_path, echo=False
+    ).start()
+    try:
+        deadline = time.monotonic() + 60
+        while "port" not in proc.last_lines() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        port = int(proc.last_lines(1).split()[1])
+        probe = Liveness(f"127.0.0.1:{port}", timeout_s=2.0)
+        assert probe.probe() and not probe.hung()  # NOT_SERVING is an answer
+        assert proc.pid is not None
+        os.kill(proc.pid, signal.SIGSTOP)  # alive to waitpid, silent to everyone
+        while not probe.hung() and time.monotonic() < deadline:
+            assert not probe.probe(deadline_s=0.5)
+        assert probe.hung() and proc.alive()
+        os.kill(proc.pid, signal.SIGCONT)
+        assert probe.probe(deadline_s=10.0) and not probe.hung()
+        probe.close()
+    finally:
+        proc.kill()

@@ -108,6 +108,15 @@ class LauncherConfig(FlywheelModel):
     restart_backoff_max_seconds: float = Field(default=30.0, ge=0.0)
     """Longest back-off between two restarts of one service."""
 
+    liveness_timeout_seconds: float | None = Field(default=120.0, gt=0.0)
+    """A running service whose gRPC health check has not answered at all (any status counts,
+    NOT_SERVING too) for this long - stopped, deadlocked, thrashing - is killed and restarted
+    like a dead one. null: only processes that exit are restarted."""
+
+    liveness_period_seconds: float = Field(default=2.0, gt=0.0)
+    """How often each running service's health is checked for `liveness_timeout_seconds`;
+    each check waits at most this long for its answer."""
+
     progress: bool = True
     """Show the one-line progress display."""
 
