@@ -31,7 +31,7 @@ Statistics are accumulated in float64 (AReaL's `high_precision`); the output is 
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -132,39 +132,55 @@ def _check_norm(norm: NormLike) -> None:
 class _Pool:
     """Which pool of elements each element's statistics come from.
 
-    `index[e]` in 0..n-1 (the batch is pool 0), or -1 for an element in no pool; `single[e]`
-    marks elements of a pool holding one sequence; `reduce` all-reduces pool sums."""
+    Elements live in the input's layout; `row_sum` reduces them to one sum per sequence
+    and `to_elem` broadcasts a per-sequence value back, so pool statistics are formed per
+    sequence (`[B]`) and only the final formula runs per element. `index[b]` is sequence
+    b's pool (0..n-1; the batch is pool 0) or -1 for none; `single[b]` marks sequences
+    alone in their pool; `process_group` all-reduces the pool sums (batch level)."""
 
     index: Tensor
     n: int
     single: Tensor
+    row_sum: Callable[[Tensor], Tensor]
+    to_elem: Callable[[Tensor], Tensor]
     process_group: Any = None
 
+    @property
+    def inside(self) -> Tensor:
+        return self.index >= 0
+
     def sums(self, values: Tensor) -> Tensor:
-        """Per-element sum of `values` over the element's pool (0 outside any pool)."""
-        inside = self.index >= 0
-        idx = self.index.clamp(min=0)
-        per_pool = torch.zeros(max(self.n, 1), dtype=values.dtype, device=values.device)
-        per_pool = per_pool.index_add(0, idx, torch.where(inside, values, 0.0))
+        """Per-sequence sum of `values` over the sequence's pool (0 outside any pool)."""
+        rows = self.row_sum(values)
+        if self.n == 1 and bool(self.inside.all()):
+            per_pool = rows.sum().reshape(1)
+        else:
+            per_pool = torch.zeros(max(self.n, 1), dtype=rows.dtype, device=rows.device)
+            per_pool = per_pool.index_add(0, self.index.clamp(min=0), rows * self.inside)
         per_pool = _all_reduce(per_pool, self.process_group)
-        return torch.where(inside, per_pool[idx], 0.0)
+        return per_pool[self.index.clamp(min=0)] * self.inside
+
+
+def _identity(t: Tensor) -> Tensor:
+    return t
 
 
 def _pool_mean(v: Tensor, w: Tensor, pool: _Pool, leave1out: bool) -> Tensor:
-    total, count = pool.sums(v * w), pool.sums(w)
-    inside = pool.index >= 0
-    if leave1out:
-        loo = (total - v * w) / (count - w).clamp(min=1.0)
-        plain = total / count.clamp(min=1.0)
-        mean = torch.where(w > 0, loo, plain)
-        mean = torch.where(count <= 1, 0.0, mean)
-        mean = torch.where(pool.single, v, mean)
-    else:
+    """Per-element mean (see the module docstring); `v` is 0 wherever `w` is."""
+    total, count = pool.sums(v), pool.sums(w)  # [B]
+    if not leave1out:
         mean = torch.where(count > 0, total / count.clamp(min=1.0), 0.0)
-    return torch.where(inside, mean, 0.0)
+        return pool.to_elem(mean)
+    plain = torch.where(pool.inside & (count > 1), total / count.clamp(min=1.0), 0.0)
+    loo_ok = pool.inside & (count > 1) & ~pool.single
+    total_e, count_e = pool.to_elem(total), pool.to_elem(count)
+    loo = (total_e - v) / (count_e - w).clamp(min=1.0)
+    mean = torch.where(pool.to_elem(loo_ok) & (w > 0), loo, pool.to_elem(plain))
+    return torch.where(pool.to_elem(pool.single), v, mean)
 
 
 def _pool_std(v: Tensor, w: Tensor, mean: Tensor, pool: _Pool, unbiased: bool) -> Tensor:
+    """Per-sequence std around the per-element `mean` (see the module docstring)."""
     sq = pool.sums(((v - mean) * w).square())
     count = pool.sums(w)
     if unbiased:
@@ -172,7 +188,7 @@ def _pool_std(v: Tensor, w: Tensor, mean: Tensor, pool: _Pool, unbiased: bool) -
         std = torch.where(pool.single, 1.0, std)
     else:
         std = torch.where(count == 0, 1.0, (sq / count.clamp(min=1.0)).sqrt())
-    return torch.where(pool.index >= 0, std, 1.0)
+    return torch.where(pool.inside, std, 1.0)
 
 
 def normalize(
@@ -212,10 +228,12 @@ def normalize(
     xd = torch.where(valid, x.detach().to(f64), 0.0)
 
     per_sequence = x.ndim == 1 and cu_seqlens is None
+    row_sum: Callable[[Tensor], Tensor]
+    to_elem: Callable[[Tensor], Tensor]
     if per_sequence:
         n_seqs = x.shape[0]
-        row_of = torch.arange(n_seqs, device=x.device)
         elem_x, elem_w = xd, valid.to(f64)
+        row_sum = to_elem = _identity
     else:
         layout = layout_of(x, cu_seqlens)
         n_seqs = layout.n_seqs
@@ -223,40 +241,48 @@ def normalize(
             count = seq_sum(valid, layout, dtype=f64)
             elem_x = seq_sum(xd, layout) / count.clamp(min=1.0)
             elem_w = (count > 0).to(f64)
-            row_of = torch.arange(n_seqs, device=x.device)
+            row_sum = to_elem = _identity
         else:
-            row_of = seq_broadcast(torch.arange(n_seqs, device=x.device), layout).reshape(-1)
-            elem_x, elem_w = xd.reshape(-1), valid.to(f64).reshape(-1)
+            elem_x, elem_w = xd, valid.to(f64)
+
+            def row_sum(t: Tensor) -> Tensor:
+                return seq_sum(t, layout)
+
+            def to_elem(t: Tensor) -> Tensor:
+                return seq_broadcast(t, layout)
 
     pools: dict[Level, _Pool] = {}
-    no_single = torch.zeros_like(elem_w, dtype=torch.bool)
     if "batch" in (mean_level, std_level):
-        pools["batch"] = _Pool(torch.zeros_like(row_of), 1, no_single, process_group)
+        zeros = torch.zeros(n_seqs, dtype=torch.int64, device=x.device)
+        pools["batch"] = _Pool(
+            zeros, 1, zeros.to(torch.bool), row_sum, to_elem, process_group=process_group
+        )
     if "group" in (mean_level, std_level):
         g = group_index_from_ids(group_ids, n_seqs, group_size, device=x.device)
-        n_groups = int(g.max()) + 1 if n_seqs and bool((g >= 0).any()) else 0
         inside = g >= 0
+        n_groups = int(g.max()) + 1 if bool(inside.any()) else 0
         rows = torch.zeros(max(n_groups, 1), dtype=torch.int64, device=x.device)
         rows = rows.index_add(0, g.clamp(min=0), inside.to(torch.int64))
         single = inside & (rows[g.clamp(min=0)] == 1)
-        pools["group"] = _Pool(g[row_of], n_groups, single[row_of])
+        pools["group"] = _Pool(g, n_groups, single, row_sum, to_elem)
 
     if mean_level is None:
         mean = torch.zeros_like(elem_x)
     else:
         mean = _pool_mean(elem_x, elem_w, pools[mean_level], mean_leave1out)
-    if std_level is None:
-        std, eps = torch.ones_like(elem_x), 0.0
-    else:
-        std = _pool_std(elem_x, elem_w, mean, pools[std_level], std_unbiased)
-
-    if per_sequence:
-        mean_e, std_e = mean, std
-    elif per_completion:
-        mean_e, std_e = seq_broadcast(mean, layout), seq_broadcast(std, layout)
-    else:
-        mean_e, std_e = mean.reshape(x.shape), std.reshape(x.shape)
-    out = torch.where(valid, (xd - mean_e) / (std_e + eps), 0.0).to(torch.float32)
+    scale: Tensor | None = None
+    if std_level is not None:
+        pool = pools[std_level]
+        std = _pool_std(elem_x, elem_w, mean, pool, std_unbiased)
+        scale = pool.to_elem(std + eps)
+    if per_completion and not per_sequence:
+        # statistics of completion means, applied to every token of the completion
+        mean = seq_broadcast(mean, layout)
+        scale = None if scale is None else seq_broadcast(scale, layout)
+    out = xd - mean
+    if scale is not None:
+        out = out / scale
+    out = torch.where(valid, out, 0.0).to(torch.float32)
     if not bool(valid.any()):
         return x.to(torch.float32)
     return out
