@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from services.reward.client import RewardClient, RewardClientError, RewardStatus, ScoreItem
@@ -78,3 +80,46 @@ async def test_bearer_token_is_sent_and_required() -> None:
         assert err.value.code is not None and err.value.code.name == "UNAUTHENTICATED"
     finally:
         service.stop()
+
+
+@pytest.mark.slow
+async def test_a_batch_sent_while_the_service_restarts_is_scored_by_its_successor() -> None:
+    """rollout -> reward: the service is down for 5 s (the old client gave up after 3
+    retries, under a second); the batch sent meanwhile is scored by a new service on the
+    same port, and the outage is exported."""
+    from prometheus_client import CollectorRegistry
+
+    from services.common.outage import PeerOutageMetrics
+    from services.reward.service import RewardParts, RewardService
+
+    async def serve(port: int) -> RewardService:
+        svc = RewardService(
+            RewardParts(reward=service_config(num_workers=1), port=port, metrics_port=None)
+        )
+        await svc.start()
+        return svc
+
+    first = await serve(0)
+    port = first.port
+    registry = CollectorRegistry()
+    peer = PeerOutageMetrics("rollout", registry).peer("reward", first.address)
+    items = [ScoreItem(completion=f"#### {k}", answer="#### 2") for k in range(4)]
+    async with RewardClient(first.address, peer=peer, max_batch_size=8) as client:
+        assert [o.reward for o in await client.score_batch(items)] == [0.0, 0.0, 1.0, 0.0]
+        await first.stop(grace=0.5)
+        scoring = asyncio.create_task(client.score_batch(items, request_id="during"))
+        while not peer.down:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(5.0)
+        assert not scoring.done()  # waiting for the service, not failed
+        second = await serve(port)
+        try:
+            out = await scoring
+        finally:
+            await second.stop(grace=0.5)
+    assert [o.reward for o in out] == [0.0, 0.0, 1.0, 0.0] and all(o.ok for o in out)
+    seconds = registry.get_sample_value(
+        "flywheel_rollout_peer_unavailable_seconds_total", {"peer": "reward"}
+    )
+    assert seconds is not None and seconds > 0
+    assert registry.get_sample_value("flywheel_rollout_peer_unavailable", {"peer": "reward"}) == 0
