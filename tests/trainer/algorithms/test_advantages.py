@@ -180,6 +180,19 @@ def test_reward_norm_counts_every_sequence_and_adv_norm_every_token() -> None:
     assert_close(res.advantages[2], torch.zeros(3), rtol=0, atol=0)
 
 
+def test_outcome_reward_sits_on_the_last_generated_token() -> None:
+    # A multi-turn trajectory that ends in tool/feedback tokens (loss_mask 0 at the end).
+    # AReaL (`PPOActor._compute_advantages`) puts the reward at the sequence's last token,
+    # which takes no GAE step, so the reward would be lost; Flywheel puts it on the last
+    # generated token (position 3 here): γ = λ = 1, V = 0 -> A = 1 on every generated token.
+    mask = torch.tensor([[False, True, False, True, False, False]])
+    res = compute_advantages(
+        rewards=torch.tensor([1.0]), loss_mask=mask, no_eos=torch.tensor([False])
+    )
+    assert res.token_rewards.tolist() == [[0.0, 0.0, 0.0, 1.0, 0.0, 0.0]]
+    assert res.advantages.tolist() == [[0.0, 1.0, 0.0, 1.0, 0.0, 0.0]]
+
+
 def test_packed_equals_padded(gen: torch.Generator) -> None:
     b, t = 6, 8
     lengths = torch.randint(2, t + 1, (b,), generator=gen)
