@@ -114,7 +114,8 @@ def actor_loss(
     π_prox: with the decoupled loss, `compute_prox_logp(prox_logp_method, ...)` (default
     `actor.prox_logp_method`; `recomputed_logprobs` is the forward with the step's starting
     weights, needed by `recompute` / `metrics`); without it π_old = `recomputed_logprobs` if
-    given, else `behave_logprobs`, and a `prox_logp_method` is refused. `teacher` (a
+    given, else `behave_logprobs` (and it stands for π_behave too, as in AReaL: M2PO then
+    masks nothing), and a `prox_logp_method` is refused. `teacher` (a
     `TeacherConfig`) supplies `rl_loss_weight` / `distill_loss_weight` for
     `teacher_logprobs`. The stats are `ppo_actor_loss`'s plus the proximal method's.
     """
@@ -141,6 +142,9 @@ def actor_loss(
                 "set use_decoupled_loss: true (without it π_prox is π_old)"
             )
         prox = recomputed_logprobs if recomputed_logprobs is not None else behave_logprobs
+        # AReaL's loss sees one "old" policy here (its `logprobs` input is π_old): M2PO
+        # compares it with itself and masks nothing, the teacher weight uses it.
+        behave_logprobs = prox
     teacher_kwargs: dict[str, Any] = {}
     if teacher_logprobs is not None:
         if teacher is None:

@@ -206,3 +206,22 @@ def test_actor_loss_reads_the_teacher_weights(gen: torch.Generator) -> None:
             behave_logprobs=t["behave_logprobs"],
             teacher_logprobs=teacher_logp,
         )
+
+
+def test_m2po_without_the_decoupled_loss_masks_nothing_as_in_areal() -> None:
+    # AReaL `PPOActor._compute_advantages` overwrites `logprobs` with the recomputed ones
+    # when recompute_logprob is on without the decoupled loss, and `grpo_loss_fn` runs
+    # `_apply_m2po_masking(old_logp, prox_logp, ...)` on two equal tensors: M2 = 0, nothing
+    # is masked. Here π_behave differs from the recomputed π by 1.0 on one token (M2 = 1 >
+    # threshold 0.05) and still nothing is masked.
+    recomputed = torch.full((1, 3), -1.0)
+    behave = torch.tensor([[-1.0, -2.0, -1.0]])
+    _, stats = actor_loss(
+        _actor(recompute_logprob=True, m2_threshold=0.05),
+        recomputed.clone().requires_grad_(True),
+        torch.ones(1, 3),
+        torch.ones(1, 3, dtype=torch.bool),
+        behave_logprobs=behave,
+        recomputed_logprobs=recomputed,
+    )
+    assert stats["m2po_masked_fraction"] == 0.0 and stats["m2po_second_moment"] == 0.0
