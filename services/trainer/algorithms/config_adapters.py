@@ -95,7 +95,7 @@ def critic_loss_kwargs(
     kwargs: dict[str, Any] = {
         "eps_clip": critic.eps_clip,
         "value_loss": getattr(critic, "value_loss", "mse"),
-        "huber_delta": getattr(critic, "huber_delta", 1.0),
+        "huber_delta": getattr(critic, "huber_delta", 10.0),
     }
     if actor is not None:
         kwargs["loss_agg_mode"] = getattr(actor, "loss_agg_mode", "token-mean")
