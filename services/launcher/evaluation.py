@@ -14,7 +14,10 @@ from typing import Any
 import grpc
 
 from flywheel_proto.v1 import reward_pb2, reward_pb2_grpc, rollout_pb2, rollout_pb2_grpc
+from services.common.config import FlywheelConfig
 from services.common.grpc_client import make_sync_channel
+from services.trainer.lifecycle import checkpoint_position
+from services.trainer.paths import RunPaths
 
 
 @dataclass
@@ -24,6 +27,15 @@ class EvalResult:
     n: int
     version: int
     failures: int
+
+
+def resume_step(cfg: FlywheelConfig, paths: RunPaths) -> int | None:
+    """The step a run resumes at (its latest checkpoint's), or None for a fresh start: the
+    label of a resumed run's first evaluation."""
+    if cfg.trainer.recover != "auto":
+        return None
+    pos = checkpoint_position(paths.checkpoint_dir)
+    return None if pos is None else int(pos["step"])
 
 
 def evaluate(

@@ -28,7 +28,7 @@ from typing import Any
 from services.common.config import FlywheelConfig
 from services.common.redis_server import RedisServer
 from services.launcher import assets
-from services.launcher.evaluation import EvalResult, evaluate
+from services.launcher.evaluation import EvalResult, evaluate, resume_step
 from services.launcher.metrics_log import MetricsTail
 from services.launcher.processes import (
     Liveness,
@@ -294,8 +294,14 @@ class LocalRun:
             config_path = self.prepare()
             _say(f"run directory {self.run_dir}")
             self.start_services(config_path)
-            self.evaluate(0)
+            resumed = resume_step(self.cfg, self.trainer_paths)
+            if resumed is None:
+                self.evaluate(0)
             self.start_trainer(config_path)
+            if resumed is not None and self._proc("trainer").alive():
+                # Once SERVING the trainer has restored its checkpoint and published those
+                # weights; before, the replicas serve the weights the dead trainer published last.
+                self.evaluate(resumed)
             code = self.watch()
             if code != 0:
                 return code
