@@ -156,6 +156,15 @@ def is_converted(directory: Path, digest: str) -> bool:
     )
 
 
+def _converted_by_other_format(directory: Path, digest: str) -> bool:
+    """A complete conversion of the same file by another version of this module."""
+    try:
+        data = json.loads((directory / MARKER_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("sha256") == digest
+
+
 @contextlib.contextmanager
 def _file_lock(path: Path) -> Iterator[None]:
     import fcntl
@@ -179,7 +188,9 @@ def convert_gguf(gguf: Path, out_dir: Path) -> None:
         ) from None
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # one bar per tensor would flood every service's log
     directory, name = str(gguf.parent), gguf.name
     tok = AutoTokenizer.from_pretrained(directory, gguf_file=name)
     model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32)
@@ -230,7 +241,8 @@ def resolve_model_path(
     with _file_lock(root / f".{name}.lock"):
         if is_converted(target, digest):  # another process converted it while we waited
             return str(target)
-        if target.exists():
+        stale = target.exists() and _converted_by_other_format(target, digest)
+        if target.exists() and not stale:
             raise ModelSourceError(
                 f"{target} exists but is not a complete conversion of {gguf}; remove it"
             )
@@ -240,6 +252,10 @@ def resolve_model_path(
             tmp.chmod(0o755)  # mkdtemp's 0700 would hide a shared cache from other users
             convert_gguf(gguf, tmp)
             (tmp / MARKER_FILE).write_text(json.dumps(_marker(s, digest), indent=1))
+            if stale:  # written by another format version: swap in the new one
+                old = Path(tempfile.mkdtemp(prefix=f".{name}.old-", dir=root))
+                os.replace(target, old / "model")
+                shutil.rmtree(old, ignore_errors=True)
             try:
                 os.replace(tmp, target)
             except OSError:

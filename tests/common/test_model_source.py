@@ -227,3 +227,19 @@ def test_two_processes_convert_the_real_package_into_one_directory(tmp_path: Pat
     assert "<|im_start|>assistant" in tok.apply_chat_template(
         [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
     )
+
+
+def test_a_conversion_by_another_format_version_is_replaced(
+    fake_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conv = FakeConverter(pause_s=0)
+    monkeypatch.setattr(ms, "convert_gguf", conv)
+    cache = tmp_path / "cache"
+    target = Path(ms.resolve_model_path(str(fake_gguf), cache_dir=cache))
+    marker = json.loads((target / ms.MARKER_FILE).read_text())
+    (target / ms.MARKER_FILE).write_text(json.dumps({**marker, "format_version": 0}))
+    (target / "leftover").write_text("from the old format")
+    assert ms.resolve_model_path(str(fake_gguf), cache_dir=cache) == str(target)
+    assert conv.calls == 2 and ms.is_converted(target, ms.file_sha256(fake_gguf))
+    assert not (target / "leftover").exists()
+    assert sorted(p.name for p in cache.iterdir() if not p.name.endswith(".lock")) == [target.name]

@@ -100,3 +100,71 @@ def write_splits(
     train = write_jsonl(directory / "train.jsonl", generate_split("train", n_train, seed))
     valid = write_jsonl(directory / "valid.jsonl", generate_split("valid", n_valid, seed))
     return train, valid
+
+
+# --------------------------------------------------------------------------------------
+# Chat-style sums for a pretrained instruct model (examples/smollm2_math.yaml).
+#
+# A row is `{"prompt": "What is 3 + 4? Answer with just the number.", "answer": "#### 7",
+# "id": "3+4"}`: the prompt is one user message (the rollout renders it through the
+# model's chat template), the answer is GSM8K-style for the `gsm8k` reward, which reads
+# the model's final number ("3 + 4 = 7", "7", "The answer is 7."). Operands are 0-9, so
+# there are only 100 problems: the held-out split is a fixed fifth of them (by a hash, as
+# above), and `generate_sums` cycles through a split to give the rows a run asks for (each
+# held-out problem then appears several times, every sample scored independently).
+
+SUM_QUESTION = "What is {a} + {b}? Answer with just the number."
+SUM_OPERANDS = range(10)
+
+
+def is_held_out_sum(a: int, b: int) -> bool:
+    """About one single-digit pair in five is held out (a hash of the pair, seed-free)."""
+    return zlib.crc32(f"sum:{a}+{b}".encode()) % 5 == 0
+
+
+def make_sum_row(a: int, b: int) -> dict[str, str]:
+    return {
+        "prompt": SUM_QUESTION.format(a=a, b=b),
+        "answer": format_answer(a + b),
+        "id": f"{a}+{b}",
+    }
+
+
+def generate_sums(split: Split, n: int, seed: int) -> list[dict[str, str]]:
+    """`n` chat-style single-digit sums of `split`, deterministic given `seed`; the split's
+    problems in a shuffled order, repeated (fresh order each pass) when `n` exceeds them."""
+    if split not in ("train", "valid"):
+        raise ValueError(f"split={split!r}: use 'train' or 'valid'")
+    if n < 0:
+        raise ValueError(f"n={n}: must be >= 0")
+    want_valid = split == "valid"
+    pool = [
+        (a, b) for a in SUM_OPERANDS for b in SUM_OPERANDS if is_held_out_sum(a, b) == want_valid
+    ]
+    rng = random.Random(f"flywheel-sums-{split}-{seed}")
+    rows: list[dict[str, str]] = []
+    while len(rows) < n:
+        order = pool[:]
+        rng.shuffle(order)
+        rows.extend(make_sum_row(a, b) for a, b in order[: n - len(rows)])
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Write the shipped sum data sets: `python -m services.rollout.data.arithmetic sums DIR`."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("kind", choices=["sums"])
+    p.add_argument("directory")
+    p.add_argument("--n-valid", type=int, default=160)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    out = Path(args.directory)
+    n_train = len([1 for a in SUM_OPERANDS for b in SUM_OPERANDS if not is_held_out_sum(a, b)])
+    write_jsonl(out / "train.jsonl", generate_sums("train", n_train, args.seed))
+    write_jsonl(out / "valid.jsonl", generate_sums("valid", args.n_valid, args.seed))
+
+
+if __name__ == "__main__":
+    main()
