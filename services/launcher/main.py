@@ -18,6 +18,14 @@ def run(
     return run_local(cfg, config_path, overrides)
 
 
+def local_eval_endpoints(cfg: FlywheelConfig) -> None:
+    """Reward and the rollout replica of `flywheel eval` run on this machine, whatever the
+    config says of where a deployment's services live (the Helm chart's ConfigMap names
+    Kubernetes DNS names): loopback, ports picked by `assign_ports`."""
+    for ep in (cfg.services.reward, cfg.services.rollout):
+        ep.host, ep.port, ep.metrics_port = "127.0.0.1", 0, 0
+
+
 def eval_main(argv: list[str]) -> int:
     """`flywheel eval --config FILE [--checkpoint DIR] [--data FILE] [overrides]`.
 
@@ -47,6 +55,7 @@ def eval_main(argv: list[str]) -> int:
         raise SystemExit("flywheel eval: the config has no valid_dataset and --data was not given")
     assets.prepare_data(cfg, run_dir)
     assets.prepare_model(cfg, run_dir)
+    local_eval_endpoints(cfg)
     assets.assign_ports(cfg)
     config_path = assets.write_resolved_config(cfg, run_dir)
     procs = []
@@ -120,7 +129,7 @@ def status_main(argv: list[str]) -> int:
         if run["state"] == "not started":
             print(f"no running job in {run_dir} (no services.json)", file=sys.stderr)
             return 2
-        print(json.dumps({"run": run}, indent=1))
+        print(json.dumps({"run": run, "restarts": _restarts(run_dir)}, indent=1))
         return 0 if run["state"] == "completed" else 1
     info = json.loads(info_path.read_text())
     import os
@@ -160,7 +169,24 @@ def status_main(argv: list[str]) -> int:
         report[name] = entry
     trainer_up = report["trainer"].get("health") != "UNREACHABLE"
     run = run_summary(run_dir, args.config, args.overrides, trainer_running=trainer_up)
-    print(json.dumps({"run": run, **report}, indent=1))
+    print(json.dumps({"run": run, "restarts": _restarts(run_dir), **report}, indent=1))
     if run["state"] == "completed":
         return 0
     return 0 if all(e.get("health") == "SERVING" for e in report.values()) else 1
+
+
+def _restarts(run_dir: Path, last: int = 5) -> dict[str, object]:
+    """What the launcher's supervision did so far (`restarts.jsonl`): restarts per service
+    and the last few, each with how the process ended and how long it was down."""
+    path = run_dir / "restarts.jsonl"
+    records = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:  # a line being written
+                continue
+    per_service: dict[str, int] = {}
+    for r in records:
+        per_service[r["service"]] = per_service.get(r["service"], 0) + 1
+    return {"total": len(records), "per_service": per_service, "last": records[-last:]}
