@@ -381,6 +381,25 @@ def test_group_index_fallback_and_errors() -> None:
         normalize_with(torch.ones(3), NormSpec(mean_level="prompt"))  # type: ignore[arg-type]
 
 
+def test_norm_config_drives_normalize_with() -> None:
+    from pydantic import ValidationError
+
+    from services.common.config.actor import NormConfig
+
+    adv = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
+    mask = torch.tensor([[True, True, True], [True, False, False]])
+    # AReaL's default (token statistics): group mean (1+1+1+0)/4 = 0.75
+    cfg = NormConfig(mean_level="group", std_level=None)
+    out = normalize_with(adv, cfg, mask, group_ids=[0, 0])
+    assert_close(out[1, 0], torch.tensor(-0.75), rtol=0, atol=1e-7)
+    # per_completion: completion means [1, 0] -> baseline 0.5
+    cfg = NormConfig(mean_level="group", std_level=None, per_completion=True)
+    out = normalize_with(adv, cfg, mask, group_ids=[0, 0])
+    assert_close(out[1, 0], torch.tensor(-0.5), rtol=0, atol=1e-7)
+    with pytest.raises(ValidationError, match="leave-one-out needs a mean"):
+        NormConfig(mean_level=None, mean_leave1out=True)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
