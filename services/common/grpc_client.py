@@ -321,11 +321,14 @@ class RetryingClient:
             request,
             timeout=timeout if timeout is not None else self.timeout,
             idempotent=idempotent,
-            retries=self.retries,
+            retries=self._retries_now(),
             outage_budget_s=self.outage_budget_s,
             peer=self.peer,
             retry_codes=retry_codes,
         )
+
+    def _retries_now(self) -> int | None:
+        return self.retries
 
 
 async def wait_for_health(address: str, *, timeout: float = 30.0, service: str = "") -> None:

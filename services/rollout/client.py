@@ -7,10 +7,11 @@ on, so it is retried too. A distributed update is a collective broadcast and a w
 stream is consumed as it is sent: neither is retried here, the caller decides.
 
 An outage of the replica is retried for `outage_budget_s`, seconds by default rather than
-the minutes of the buffer's clients: the trainer skips a replica that misses an update and
-brings it up to date when it is back (it also pulls the newest weights itself), so one
-restarting replica must not hold a training step. The channel reconnects within seconds of
-the replica's return (services/common/grpc_client.py).
+the minutes of the buffer's clients, and once it is known down each call makes one attempt
+until the replica answers again: the trainer skips a replica that misses an update and
+brings it up to date when it is back (the replica also pulls the newest weights itself), so
+a restarting replica must not hold every training step. The channel reconnects within
+seconds of the replica's return (services/common/grpc_client.py).
 """
 
 from __future__ import annotations
@@ -73,6 +74,9 @@ class RolloutClient(RetryingClient):
             address, max_message_bytes=max_message_bytes, auth_token=auth_token
         )
         self._stub = rollout_pb2_grpc.RolloutServiceStub(self._channel)
+
+    def _retries_now(self) -> int | None:
+        return 0 if self.peer.down else self.retries
 
     async def close(self) -> None:
         await self._channel.close()
