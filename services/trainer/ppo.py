@@ -160,10 +160,11 @@ class PPOTrainer:
             )
         self.teacher: TrainEngine | None = None
         if cfg.teacher is not None:  # on-policy distillation, loaded like the reference
+            # AReaL scores with the teacher engine's own config, temperature included.
             self.teacher = TrainEngine(
                 cfg.teacher.model_copy(update={"optimizer": None}),
                 self.ctx,
-                temperature=self.temperature,
+                temperature=cfg.teacher.temperature,
             )
         self._hooks: list[Callable[[str], None]] = []
         self.reuses_first_minibatch_logp = self._can_reuse_first_minibatch_logp()

@@ -732,7 +732,8 @@ class TeacherConfig(TrainEngineConfig):
     `distill_loss_weight · mean(log π_θ - log π_teacher)` and the RL loss is multiplied by
     `rl_loss_weight`; with `rl_loss_weight: 0` the RL loss is dropped and the loss is the
     importance-weighted reverse KL alone (see docs/algorithms.md). AReaL's nested form
-    `train: {path: ..., ...}` is accepted: its engine fields fill this block.
+    `train: {path: ..., ...}` is accepted: its engine fields fill this block. The teacher
+    scores under its own `temperature` (default 1.0), as AReaL's teacher engine does.
     """
 
     engine_type: Literal["train", "rollout"] = "train"

@@ -123,6 +123,7 @@ class FlywheelConfig(FlywheelModel):
     @model_validator(mode="after")
     def _cross_block_rules(self) -> FlywheelConfig:
         self._check_reference_model()
+        self._check_teacher()
         if self.actor.temperature != self.gconfig.temperature:
             raise RuleViolation(
                 "actor.temperature",
@@ -165,6 +166,17 @@ class FlywheelConfig(FlywheelModel):
                 self.ref.path,
                 f"actor.kl_ctl={self.actor.kl_ctl} needs the reference checkpoint; set "
                 "ref.path (usually ${actor.path}) or set actor.kl_ctl: 0",
+            )
+
+    def _check_teacher(self) -> None:
+        # As for `ref`: an empty path would silently score with the embedded tiny model.
+        t = self.teacher
+        if t is not None and not t.path and self.actor.path and not t.init_from_scratch:
+            raise RuleViolation(
+                "teacher.path",
+                t.path,
+                "on-policy distillation needs the teacher's checkpoint; set teacher.path "
+                "(a model with the actor's tokenizer) or remove the teacher block",
             )
 
     def _check_ports(self) -> None:

@@ -56,3 +56,8 @@ def test_root_block_loads_from_overrides() -> None:
     )
     assert cfg.teacher is not None and cfg.teacher.rl_loss_weight == 0.0
     assert cfg.teacher.path == "/ckpt/teacher"
+
+
+def test_a_teacher_without_a_checkpoint_is_refused_when_the_actor_has_one() -> None:
+    with pytest.raises(ValueError, match="teacher.path"):
+        load_config(None, ["actor.path=/ckpt/actor", "+teacher.dtype=float32", "actor.kl_ctl=0"])
