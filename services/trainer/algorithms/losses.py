@@ -210,10 +210,8 @@ def ppo_actor_loss(
     n_orig = orig_mask.sum()
     n_stat = stat_mask.sum()
     norm = normalizer
-    if m2_threshold is not None and normalizer is not None and bool(n_stat > 0):
-        norm = torch.as_tensor(normalizer, dtype=torch.float32) * (n_stat / n_orig).to(
-            torch.float32
-        )
+    if m2_threshold is not None and normalizer is not None and int(n_stat) > 0:
+        norm = float(normalizer) * int(n_stat) / int(n_orig)
 
     def agg(values: Tensor, keep: Tensor) -> Tensor:
         return aggregate_loss(  # masks values itself
