@@ -65,6 +65,15 @@ def test_kill_and_resume_continues_exactly(
         path = write_config(straight, tmp_path / "straight.yaml")
         proc = start_trainer(path, log_path=tmp_path / "straight.log")
         assert proc.wait(timeout=300) == 0, (tmp_path / "straight.log").read_text()[-3000:]
+        # The finished run is recorded as such, and a trainer started on it trains nothing.
+        run_dir = tmp_path / "straight" / "t"
+        done = json.loads((run_dir / "checkpoints" / "completed.json").read_text())
+        assert (done["state"], done["step"], done["version"]) == ("completed", 4, 4)
+        assert json.loads((run_dir / "trainer_exit.json").read_text())["code"] == 0
+        again = start_trainer(path, log_path=tmp_path / "again.log")
+        assert again.wait(timeout=120) == 0
+        assert "run already completed at step 4" in (tmp_path / "again.log").read_text()
+        assert len(_steps(straight)) == 4
 
     # Interrupted: 2 batches, 2 steps (checkpoint at step 2), SIGKILL while it waits for
     # data, 2 more batches, a new process resumes and finishes.
