@@ -123,3 +123,67 @@ def test_run_recovers_when_rollout_is_killed(tmp_path: Path):
     consumed = [g for r in records for g in r["group_ids"]]
     assert len(consumed) == len(set(consumed))
     assert int(buffer["acked_total"]) == len(consumed)  # every group trained was acked once
+
+
+def test_a_service_that_keeps_dying_ends_the_run_once_its_restart_budget_is_spent(
+    tmp_path: Path,
+):
+    # launcher.max_restarts=1: the first kill -9 of the buffer is ridden through, the
+    # second within the window ends the run (exit 1) naming the budget, and the launcher
+    # still stops every other service.
+    config = small_config(
+        tmp_path,
+        steps=200,
+        launcher={
+            "warm_start": {"enabled": False},
+            "max_restarts": 1,
+            "restart_backoff_seconds": 0.2,
+        },
+    )
+    run_dir = tmp_path / "runs" / "e2e" / "t"
+    log = tmp_path / "launcher.log"
+    proc = subprocess.Popen(
+        [*FLYWHEEL, "run", "--config", str(config)],
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        env=_env(),
+    )
+
+    def wait_for(what: str, cond) -> None:
+        deadline = time.monotonic() + 400
+        while not cond():
+            assert proc.poll() is None, f"run ended waiting for {what}: {log.read_text()[-4000:]}"
+            if time.monotonic() > deadline:
+                pytest.fail(f"no {what}: {log.read_text()[-4000:]}")
+            time.sleep(0.2)
+
+    def pids() -> dict[str, int]:
+        return json.loads((run_dir / "pids.json").read_text())
+
+    try:
+        metrics = run_dir / "metrics.jsonl"
+        wait_for("a step", lambda: metrics.exists() and metrics.read_text().count("\n") >= 1)
+        first = pids()["buffer"]
+        os.kill(first, signal.SIGKILL)
+        restarts = run_dir / "restarts.jsonl"
+        wait_for("the buffer's restart", lambda: restarts.exists() and pids()["buffer"] != first)
+        others = [pid for name, pid in pids().items() if name != "buffer"]
+        os.kill(pids()["buffer"], signal.SIGKILL)
+        proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    out = log.read_text()
+    assert proc.returncode == 1, out[-4000:]
+    assert (
+        "FAILED: buffer died (signal SIGKILL) after 1 restarts within 600s "
+        "(launcher.max_restarts=1)" in out
+    ), out[-4000:]
+    assert [json.loads(x)["service"] for x in restarts.read_text().splitlines()] == ["buffer"]
+    for pid in others:  # stopped by the launcher on its way out
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
