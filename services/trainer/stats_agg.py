@@ -75,14 +75,24 @@ class StatAccumulator:
         scalars (and `extra` scalars, e.g. the proximal method's) weighted by its
         `n_valid_tokens`."""
         self.add({**scalar_stats(stats), **(extra or {})})
-        for name, red in token_reductions(stats, table).items():
+        reds = token_reductions(stats, table)
+        if not reds:
+            return
+        # one device-to-host copy for every statistic of the call
+        rows = torch.stack(
+            [
+                torch.stack([r.total.double(), r.count.double(), r.min.double(), r.max.double()])
+                for r in reds.values()
+            ]
+        ).tolist()
+        for name, (total, count, lo, hi) in zip(reds, rows, strict=True):
             i = _INDEX[f"{name}/avg"]
-            self._wsum[i] += float(red.total)
-            self._weight[i] += float(red.count)
-            if int(red.count) > 0:
+            self._wsum[i] += total
+            self._weight[i] += count
+            if count > 0:
                 j, k = _MIN_INDEX[f"{name}/min"], _MAX_INDEX[f"{name}/max"]
-                self._min[j] = min(float(self._min[j]), float(red.min))
-                self._max[k] = max(float(self._max[k]), float(red.max))
+                self._min[j] = min(float(self._min[j]), lo)
+                self._max[k] = max(float(self._max[k]), hi)
 
     def reduce(self) -> dict[str, float]:
         """All-reduce over ranks (collective) and return {name: value} for names seen."""

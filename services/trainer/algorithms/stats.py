@@ -189,7 +189,8 @@ for _table in (ACTOR_TOKEN_STATS, CRITIC_TOKEN_STATS):
 
 @dataclass
 class TokenReduction:
-    """Sum, count, min and max of one per-token statistic over its mask (0-d tensors)."""
+    """Sum, count, min and max of one per-token statistic over its mask (0-d tensors on the
+    values' device; min/max are +inf/-inf when the mask is empty)."""
 
     total: Tensor  # float64
     count: Tensor  # int64
@@ -219,15 +220,19 @@ def token_reductions(
         v = values.detach()
         if v.dtype == torch.bool:
             v = v.to(torch.float32)
-        n = m.sum()
-        total = torch.where(m, v, 0.0).sum(dtype=torch.float64)
-        if bool(n > 0):
-            sel = v[m].to(torch.float32)
-            lo, hi = sel.min(), sel.max()
-        else:
-            lo = torch.tensor(math.inf, device=v.device)
-            hi = torch.tensor(-math.inf, device=v.device)
-        out[name] = TokenReduction(total, n, lo, hi)
+        v32 = v.to(torch.float32)
+        total = torch.where(m, v32, 0.0).sum(dtype=torch.float64)
+        lo = (
+            torch.where(m, v32, math.inf).amin()
+            if v.numel()
+            else torch.tensor(math.inf, device=v.device)
+        )
+        hi = (
+            torch.where(m, v32, -math.inf).amax()
+            if v.numel()
+            else torch.tensor(-math.inf, device=v.device)
+        )
+        out[name] = TokenReduction(total, m.sum(), lo, hi)  # no host sync
     return out
 
 
