@@ -9,6 +9,14 @@ their CRDs (`cloudcoil-models-*`), where an unknown field is an error too. It th
 that the parameters table in the chart README is the one the `## @param` comments of
 `values.yaml` produce, and that every value has such a comment.
 
+The preflight then does what each pod would do at start: for every Flywheel container of
+every pod (each rollout replica and trainer node by its index; autoscaled workloads up to
+their maximum) it loads the ConfigMap's `flywheel.yaml` with the project's own loader and
+that container's args and environment expanded as the kubelet expands them (`$(VAR)`,
+fieldRefs, secrets), and runs the service's entry module with `--check` (config, start-up
+validation, model, rank layout, bindable addresses). A pod that would exit at start is a
+finding. What it cannot see: the files on the shared volume and the cluster's DNS.
+
     python tools/helm_check.py                 # check everything, exit 1 on a finding
     python tools/helm_check.py --write-readme  # regenerate the README parameters table
 
@@ -158,6 +166,158 @@ def validate_objects(objects: Iterable[Mapping[str, Any]], version: str | None =
     return errors
 
 
+# --- preflight: what each pod would do at start -----------------------------------------
+
+CONFIG_FILE = "flywheel.yaml"
+_VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+def expand(text: str, env: Mapping[str, str]) -> str:
+    """`$(VAR)` expanded as the kubelet expands command and args: a defined variable is
+    replaced, an undefined one stays as written, `$$(VAR)` is a literal `$(VAR)`."""
+
+    def one(m: re.Match[str]) -> str:
+        start = m.start()
+        if start > 0 and text[start - 1] == "$":
+            return m.group(0)
+        return env.get(m.group(1), m.group(0))
+
+    return _VAR.sub(one, text).replace("$$(", "$(")
+
+
+def _field_value(path: str, pod_name: str, index: int) -> str:
+    if path == "metadata.name":
+        return pod_name
+    if path in (
+        "metadata.labels['apps.kubernetes.io/pod-index']",
+        "metadata.annotations['batch.kubernetes.io/job-completion-index']",
+    ):
+        return str(index)
+    if path == "metadata.namespace":
+        return NAMESPACE
+    raise ValueError(f"no value for fieldRef {path!r} in the preflight")
+
+
+def container_env(container: Mapping[str, Any], pod_name: str, index: int) -> dict[str, str]:
+    """A container's environment as the kubelet builds it: values (themselves expanded
+    against the variables before them), fieldRefs, and a stand-in for each secret key."""
+    env: dict[str, str] = {}
+    for item in container.get("env") or []:
+        if "value" in item:
+            env[item["name"]] = expand(str(item["value"]), env)
+        elif "fieldRef" in item.get("valueFrom", {}):
+            env[item["name"]] = _field_value(
+                item["valueFrom"]["fieldRef"]["fieldPath"], pod_name, index
+            )
+        elif "secretKeyRef" in item.get("valueFrom", {}):
+            env[item["name"]] = "preflight-" + item["valueFrom"]["secretKeyRef"]["key"]
+    return env
+
+
+def _pods(obj: Mapping[str, Any]) -> list[tuple[str, int]]:
+    """(pod name, index) of every pod a workload would run (autoscaled: its maximum)."""
+    name, spec = obj["metadata"]["name"], obj["spec"]
+    if obj["kind"] == "Deployment":
+        return [(f"{name}-preflight", 0)]
+    if obj["kind"] == "Job":
+        n = int(spec.get("completions") or 1)
+        return [(f"{name}-{i}-preflight", i) for i in range(n)]
+    n = spec.get("replicas")
+    if n is None:  # scaled by an autoscaler: every index it may create
+        n = _MAX_REPLICAS.get(name, 1)
+    return [(f"{name}-{i}", i) for i in range(int(n))]
+
+
+_MAX_REPLICAS: dict[str, int] = {}
+
+
+def _service_of(command: list[str]) -> str | None:
+    if len(command) >= 3 and command[0] == "python" and command[1] == "-m":
+        module = command[2]
+        if module.startswith("services.") and module.count(".") == 1:
+            return module.split(".", 1)[1]
+    return None
+
+
+def preflight(objects: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Run every Flywheel container of the rendered chart in its entry module's check
+    mode, in this process: the ConfigMap's `flywheel.yaml` loaded by the project's own
+    loader with that container's args and environment, as the kubelet expands them, for
+    every pod index. Returns one line per pod that would exit at start."""
+    import contextlib
+    import importlib
+    import io
+    import os
+    import tempfile
+
+    objects = list(objects)
+    _MAX_REPLICAS.clear()
+    for obj in objects:
+        if obj["kind"] in ("ScaledObject", "HorizontalPodAutoscaler"):
+            target = obj["spec"]["scaleTargetRef"]["name"]
+            most = obj["spec"].get("maxReplicaCount", obj["spec"].get("maxReplicas", 1))
+            _MAX_REPLICAS[target] = int(most)
+    config_maps = {o["metadata"]["name"]: o["data"] for o in objects if o["kind"] == "ConfigMap"}
+    problems: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="flywheel-preflight-") as tmp:
+        for obj in objects:
+            if obj["kind"] not in ("Deployment", "StatefulSet", "Job"):
+                continue
+            pod = obj["spec"]["template"]["spec"]
+            mounts = _config_mounts(pod, config_maps, Path(tmp) / obj["metadata"]["name"])
+            for container in pod["containers"]:
+                service = _service_of(container.get("command") or [])
+                if service is None:
+                    continue
+                for pod_name, index in _pods(obj):
+                    env = container_env(container, pod_name, index)
+                    args = [_remap(expand(a, env), mounts) for a in container.get("args") or []]
+                    env = {k: _remap(v, mounts) for k, v in env.items()}
+                    label = f"{obj['kind']}/{obj['metadata']['name']} pod {pod_name} ({service})"
+                    module = importlib.import_module(f"services.{service}.__main__")
+                    saved = dict(os.environ)
+                    out, err = io.StringIO(), io.StringIO()
+                    try:
+                        os.environ.update(env)
+                        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                            code = module.main(["--check", *args])
+                    except SystemExit as exc:  # argparse on bad arguments
+                        code = exc.code if isinstance(exc.code, int) else 2
+                    finally:
+                        os.environ.clear()
+                        os.environ.update(saved)
+                    if code != 0:
+                        reason = (err.getvalue().strip() or out.getvalue().strip()).splitlines()
+                        problems.append(f"{label}: exits {code}: {reason[-1] if reason else ''}")
+    return problems
+
+
+def _config_mounts(
+    pod: Mapping[str, Any], config_maps: Mapping[str, Mapping[str, str]], where: Path
+) -> dict[str, str]:
+    """Write each ConfigMap volume of the pod to a folder; mount path -> that folder."""
+    volumes = {
+        v["name"]: v["configMap"]["name"] for v in pod.get("volumes") or [] if "configMap" in v
+    }
+    mounts: dict[str, str] = {}
+    for container in pod["containers"]:
+        for m in container.get("volumeMounts") or []:
+            if m["name"] in volumes and m["mountPath"] not in mounts:
+                folder = where / m["name"]
+                folder.mkdir(parents=True, exist_ok=True)
+                for key, text in config_maps.get(volumes[m["name"]], {}).items():
+                    (folder / key).write_text(text)
+                mounts[m["mountPath"]] = str(folder)
+    return mounts
+
+
+def _remap(value: str, mounts: Mapping[str, str]) -> str:
+    for mount, folder in mounts.items():
+        if value == mount or value.startswith(mount.rstrip("/") + "/"):
+            return folder + value[len(mount.rstrip("/")) :]
+    return value
+
+
 # --- README parameters table ----------------------------------------------------------
 
 
@@ -259,11 +419,14 @@ def check_all(verbose: bool = True) -> list[str]:
         objects = render(values)
         found = [f"{label}: lint: {f}" for f in lint(values)]
         found += [f"{label}: {e}" for e in validate_objects(objects, version)]
-        problems += found
+        failing = [f"{label}: preflight: {p}" for p in preflight(objects)]
+        problems += found + failing
         if verbose:
             state = "ok" if not found else f"{len(found)} problem(s)"
+            pods = "ok" if not failing else f"{len(failing)} pod(s) would exit at start"
             print(
-                f"{label}: {len(objects)} objects rendered, lint + validate {state} (k8s {version})"
+                f"{label}: {len(objects)} objects rendered, lint + validate {state} "
+                f"(k8s {version}), preflight {pods}"
             )
     problems += param_problems()
     if not readme_is_current():

@@ -5,8 +5,8 @@ names and layout of the Helm chart in `deploy/helm/flywheel/`: a namespace, one 
 (Redis password, service token), one ConfigMap holding the resolved `flywheel.yaml`,
 Redis as a StatefulSet with AOF on a volume (unless `buffer.redis_url` points at an
 existing Redis), the buffer and reward as Deployments, the rollout replicas as a
-StatefulSet (replica i is pod i) with a headless Service, the trainer as a one-pod
-StatefulSet running `torchrun` over `trainer.n_ranks` local ranks, and a shared volume for
+StatefulSet (replica i is pod i) with a headless Service, the trainer as an Indexed Job of
+one pod whose supervisor runs `trainer.n_ranks` local ranks, and a shared volume for
 checkpoints and published weights. It then creates them with the `kubernetes` client,
 waits for each stage to be ready in the order the local launcher uses (Redis, then buffer
 and reward, then rollout, then trainer), follows every container's logs, and deletes what
@@ -341,6 +341,15 @@ _POD_INDEX_ENV = {
     "name": "POD_INDEX",
     "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}},
 }
+_JOB_INDEX_ENV = {
+    "name": "POD_INDEX",
+    "valueFrom": {
+        "fieldRef": {
+            "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+        }
+    },
+}
+TRAINER_GRACE_S = 300
 
 
 def build_manifests(
@@ -577,24 +586,24 @@ def build_manifests(
     )
 
     n = cfg.trainer.n_ranks
-    trainer_env = [
-        _POD_INDEX_ENV,
-        {"name": "MASTER_ADDR", "value": config_data["trainer"]["master_addr"]},
-        {"name": "MASTER_PORT", "value": str(RENDEZVOUS_PORT)},
-    ]
+    trainer_env = [_JOB_INDEX_ENV]
     trainer = _service_container(
         cfg,
         names,
         "trainer",
-        command=[
-            "torchrun",
-            "--nnodes=1",
-            f"--nproc-per-node={n}",
-            "--node-rank=$(POD_INDEX)",
-            "--master-addr=$(MASTER_ADDR)",
-            "--master-port=$(MASTER_PORT)",
-            "-m",
-            "services.trainer",
+        # The trainer's own supervisor as the main process, not torchrun: on SIGTERM rank 0
+        # finishes its step and checkpoints within the grace period (torchrun kills its
+        # workers after 30 s and exits 1).
+        command=["python", "-m", "services.trainer"],
+        extra_args=[
+            "--nnodes",
+            "1",
+            "--node-rank",
+            "$(POD_INDEX)",
+            "--nproc-per-node",
+            str(n),
+            "--grace",
+            str(TRAINER_GRACE_S - 30),
         ],
         extra_env=trainer_env,
         shared=True,
@@ -611,18 +620,32 @@ def build_manifests(
             ],
         )
     )
-    objects.append(
-        _workload(
-            "StatefulSet",
-            names,
-            "trainer",
-            1,
-            _pod_spec(cfg, names, [trainer], shared=True, shm="8Gi", gpu=gpu_trainer),
-            serviceName=f"{names.of('trainer')}-headless",
-            podManagementPolicy="Parallel",
-        )
+    pod = _pod_spec(cfg, names, [trainer], shared=True, shm="8Gi", gpu=gpu_trainer)
+    pod.update(
+        restartPolicy="Never",
+        subdomain=f"{names.of('trainer')}-headless",
+        terminationGracePeriodSeconds=TRAINER_GRACE_S,
     )
+    objects.append(_trainer_job(names, pod))
     return objects
+
+
+def _trainer_job(names: Names, pod_spec: dict[str, Any]) -> dict[str, Any]:
+    """The trainer as an Indexed Job of one pod, as in the chart: it ends as Complete
+    (never restarted after `total_train_steps`); pod 0's hostname `<job>-0` in the
+    headless Service's subdomain is the rendezvous address."""
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _meta(names, names.of("trainer"), "trainer"),
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": 1,
+            "parallelism": 1,
+            "backoffLimit": 0,  # the launcher reports a failure; `flywheel run` resumes
+            "template": {"metadata": {"labels": _labels(names, "trainer")}, "spec": pod_spec},
+        },
+    }
 
 
 def write_manifests(objects: Iterable[Mapping[str, Any]], out_dir: str | Path) -> list[Path]:
@@ -667,6 +690,7 @@ class KubernetesRun:
             self.api_client = client.ApiClient()
         self.core = client.CoreV1Api(self.api_client)
         self.apps = client.AppsV1Api(self.api_client)
+        self.batch = client.BatchV1Api(self.api_client)
         self.namespace = self.cfg.scheduler.namespace
         self.names = Names(self.cfg.scheduler.release_name, self.namespace)
 
@@ -686,6 +710,7 @@ class KubernetesRun:
             "Service": lambda: self.core.create_namespaced_service(ns, obj),
             "Deployment": lambda: self.apps.create_namespaced_deployment(ns, obj),
             "StatefulSet": lambda: self.apps.create_namespaced_stateful_set(ns, obj),
+            "Job": lambda: self.batch.create_namespaced_job(ns, obj),
         }
         try:
             calls[kind]()
@@ -714,6 +739,9 @@ class KubernetesRun:
                 name, ns, propagation_policy="Background"
             ),
             "StatefulSet": lambda: self.apps.delete_namespaced_stateful_set(
+                name, ns, propagation_policy="Background"
+            ),
+            "Job": lambda: self.batch.delete_namespaced_job(
                 name, ns, propagation_policy="Background"
             ),
         }
@@ -823,10 +851,11 @@ class KubernetesRun:
     def start(self, objects: list[dict[str, Any]]) -> None:
         """Create everything stage by stage, each gated on the previous stage's readiness."""
         timeout = self.cfg.launcher.startup_timeout
-        plain = [o for o in objects if o["kind"] not in ("Deployment", "StatefulSet")]
+        kinds = ("Deployment", "StatefulSet", "Job")
+        plain = [o for o in objects if o["kind"] not in kinds]
         for obj in plain:
             self._create(obj)
-        workloads = [o for o in objects if o["kind"] in ("Deployment", "StatefulSet")]
+        workloads = [o for o in objects if o["kind"] in kinds]
         for stage in STAGES:
             batch = [w for w in workloads if _component(w) in stage]
             for w in batch:
@@ -842,7 +871,9 @@ class KubernetesRun:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             exits = self._check_pods()
-            pod0 = f"{self.names.of('trainer')}-0"
+            # Pod 0 of the trainer Job: named "<job>-0-<suffix>" (its hostname "<job>-0").
+            job = self.names.of("trainer")
+            pod0 = next((p for p in exits if p == f"{job}-0" or p.startswith(f"{job}-0-")), "")
             if pod0 in exits and exits[pod0] is not None:
                 # the trainer's last lines (its summary) are worth the wait
                 for (_, container), thread in list(self._followers.items()):

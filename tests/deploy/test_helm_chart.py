@@ -70,7 +70,7 @@ def test_lints_clean(helm_check, case):
 
 def test_validation_catches_a_bad_object(helm_check, rendered):
     """The validator itself must fail on what it should fail on, for both paths."""
-    sts = copy.deepcopy(one(rendered["default"], "StatefulSet", "flywheel-trainer"))
+    sts = copy.deepcopy(one(rendered["default"], "StatefulSet", "flywheel-rollout"))
     sts["spec"]["template"]["spec"]["containers"][0]["startupProbe"]["grpc"]["portt"] = 1
     errors = helm_check.validate_objects([sts])
     assert len(errors) == 1 and "portt" in errors[0]
@@ -106,19 +106,30 @@ def test_schema_rejects_bad_values_and_accepts_ci_values():
             chart.render({"trainer": {"backend": "mpi"}}, name="x")
 
 
+def trainer_job(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    [job] = [
+        o for o in find(objects, "Job") if o["metadata"]["name"].startswith("flywheel-trainer-")
+    ]
+    return job
+
+
+def workloads(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [o for o in objects if o["kind"] in ("Deployment", "StatefulSet", "Job")]
+
+
 def test_topology_default(rendered):
     objects = rendered["default"]
-    trainer = one(objects, "StatefulSet", "flywheel-trainer")
+    trainer = trainer_job(objects)
     headless = one(objects, "Service", "flywheel-trainer-headless")
-    assert trainer["spec"]["serviceName"] == "flywheel-trainer-headless"
+    assert trainer["spec"]["template"]["spec"]["subdomain"] == "flywheel-trainer-headless"
     assert (
         headless["spec"]["clusterIP"] == "None"
         and headless["spec"]["publishNotReadyAddresses"] is True
     )
     assert {p["name"] for p in headless["spec"]["ports"]} == {"grpc", "metrics", "rendezvous"}
-    command = containers(trainer)[0]["command"]
-    assert command[0] == "torchrun" and command[-2:] == ["-m", "services.trainer"]
-    assert "--node-rank=$(POD_INDEX)" in command
+    c = containers(trainer)[0]
+    assert c["command"] == ["python", "-m", "services.trainer"]  # not torchrun (see launch.py)
+    assert c["args"][c["args"].index("--node-rank") + 1] == "$(POD_INDEX)"
     rollout = one(objects, "StatefulSet", "flywheel-rollout")
     assert [c["name"] for c in containers(rollout)] == ["rollout"]  # no SGLang on CPU
     assert containers(rollout)[0]["args"][2:4] == ["--replica-index", "$(POD_INDEX)"]
@@ -137,8 +148,9 @@ def test_probes_are_native_grpc_with_service_names(rendered):
         "flywheel-rollout": "flywheel.v1.RolloutService",
         "flywheel-trainer": "flywheel.v1.TrainerService",
     }
-    for obj in find(rendered["default"], "Deployment") + find(rendered["default"], "StatefulSet"):
+    for obj in workloads(rendered["default"]):
         name = obj["metadata"]["name"]
+        name = "flywheel-trainer" if name.startswith("flywheel-trainer-") else name
         if name not in services:
             continue
         c = containers(obj)[0]
@@ -149,12 +161,12 @@ def test_probes_are_native_grpc_with_service_names(rendered):
 
 @pytest.mark.parametrize("case", ["default", *CI_FILES])
 def test_every_pod_is_non_root_with_read_only_root(rendered, case):
-    for obj in find(rendered[case], "Deployment") + find(rendered[case], "StatefulSet"):
+    for obj in workloads(rendered[case]):
         pod = obj["spec"]["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True, obj["metadata"]["name"]
         assert pod["securityContext"]["runAsUser"] > 0
         assert pod["automountServiceAccountToken"] is False
-        for c in pod["containers"]:
+        for c in pod["containers"] + pod.get("initContainers", []):
             sc = c["securityContext"]
             assert (
                 sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
@@ -206,7 +218,7 @@ def test_rendered_config_loads_and_points_at_the_chart_objects(rendered):
 
     cm = one(rendered["default"], "ConfigMap", "flywheel-config")
     data = yaml.safe_load(cm["data"]["flywheel.yaml"])
-    cfg = FlywheelConfig.model_validate({**data, "actor": {"kl_ctl": 0.0}})
+    cfg = FlywheelConfig.model_validate(data)  # the defaults load as they are (no kl_ctl fix)
     domain = "flywheel.svc.cluster.local"
     assert cfg.buffer.redis_url == f"redis://flywheel-redis.{domain}:6379/0"
     assert cfg.services.buffer.address == f"flywheel-buffer.{domain}:50051"
@@ -214,7 +226,8 @@ def test_rendered_config_loads_and_points_at_the_chart_objects(rendered):
         cfg.services.rollout.replica_address(3)
         == f"flywheel-rollout-3.flywheel-rollout-headless.{domain}:50051"
     )
-    assert cfg.trainer.master_addr == f"flywheel-trainer-0.flywheel-trainer-headless.{domain}"
+    job = trainer_job(rendered["default"])["metadata"]["name"]
+    assert cfg.trainer.master_addr == f"{job}-0.flywheel-trainer-headless.{domain}"
     assert "auth_token" not in data["services"] and data["buffer"].get("redis_password") is None
 
 
@@ -225,9 +238,10 @@ def test_gpu_layout(rendered):
     sglang = {c["name"]: c for c in containers(rollout)}["sglang"]
     assert sglang["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert sglang["args"][:2] == ["--model-path", "/data/shared/models/Qwen2.5-1.5B-Instruct"]
-    trainer = one(objects, "StatefulSet", "flywheel-trainer")
+    trainer = trainer_job(objects)
     assert containers(trainer)[0]["resources"]["limits"]["nvidia.com/gpu"] == 4
-    assert "--nproc-per-node=4" in containers(trainer)[0]["command"]
+    args = containers(trainer)[0]["args"]
+    assert args[args.index("--nproc-per-node") + 1] == "4"
     data = yaml.safe_load(one(objects, "ConfigMap", "flywheel-config")["data"]["flywheel.yaml"])
     # user config merged over the derived one: both present
     assert data["trainer"]["n_ranks"] == 4 and data["trainer"]["backend"] == "nccl"
@@ -338,3 +352,133 @@ def test_readme_parameters_table_is_current_and_complete(helm_check):
     assert helm_check.readme_is_current(), "run python tools/helm_check.py --write-readme"
     table = helm_check.params_table()
     assert "| `trainer.nprocPerNode` | Ranks per pod (GPUs per pod on GPU nodes) | `1` |" in table
+
+
+# --- issue: `helm install` comes up, trains and finishes ----------------------------------
+
+
+@pytest.mark.parametrize("case", ["default", *CI_FILES])
+def test_preflight_every_pod_would_start(helm_check, rendered, case):
+    """Every Flywheel container of every pod, in its service's --check mode, with the
+    ConfigMap's flywheel.yaml and its own args as the kubelet expands them. Before: every
+    service exited 2 on the default kl_ctl, gpu-8 and autoscaling rollout pods on the port
+    check, and rollout and trainer on the empty actor.path."""
+    assert helm_check.preflight(rendered[case]) == []
+
+
+def test_preflight_finds_a_pod_that_would_exit(helm_check):
+    objects = helm_check.render({"config": {"actor": {"kl_ctl": 0.1}}})
+    problems = helm_check.preflight(objects)
+    assert len(problems) == 4 and all("actor.kl_ctl" in p for p in problems), problems
+    # a service told to bind a name that is not its own (what the 0.0.0.0 override avoids)
+    objects = helm_check.render(
+        {"extraOverrides": ["services.reward.host=flywheel-reward.flywheel.svc.cluster.local"]}
+    )
+    [problem] = [p for p in helm_check.preflight(objects) if "(reward)" in p]
+    assert "does not resolve here" in problem
+
+
+def test_kubelet_expansion(helm_check):
+    env = {"POD_INDEX": "3"}
+    assert helm_check.expand("--node-rank=$(POD_INDEX)", env) == "--node-rank=3"
+    assert helm_check.expand("$(UNSET) and $$(POD_INDEX)", env) == "$(UNSET) and $(POD_INDEX)"
+
+
+@pytest.mark.parametrize("case", ["default", *CI_FILES])
+def test_the_trainer_is_a_job_that_ends_as_complete(rendered, case):
+    """Not a StatefulSet or Deployment (restart policy Always): an Indexed Job of one pod
+    per node whose pods are never restarted in place; a stop by drain or delete (exit 75,
+    or the DisruptionTarget condition) does not count against backoffLimit."""
+    objects = rendered[case]
+    for obj in objects:
+        if obj["kind"] in ("StatefulSet", "Deployment"):
+            labels = obj["spec"]["template"]["metadata"]["labels"]
+            assert labels["app.kubernetes.io/component"] != "trainer", obj["metadata"]["name"]
+    job = trainer_job(objects)["spec"]
+    args = containers(trainer_job(objects))[0]["args"]
+    nodes = int(args[args.index("--nnodes") + 1])
+    per_node = int(args[args.index("--nproc-per-node") + 1])
+    data = yaml.safe_load(one(objects, "ConfigMap", "flywheel-config")["data"]["flywheel.yaml"])
+    assert data["trainer"]["n_ranks"] == nodes * per_node
+    assert job["completionMode"] == "Indexed" and job["completions"] == job["parallelism"] == nodes
+    assert job["template"]["spec"]["restartPolicy"] == "Never"
+    rules = job["podFailurePolicy"]["rules"]
+    assert rules[0]["onExitCodes"] == {"containerName": "trainer", "operator": "In", "values": [75]}
+    assert rules[1]["onPodConditions"] == [{"type": "DisruptionTarget", "status": "True"}]
+    assert args[args.index("--stopped-exit-code") + 1] == "75"
+    grace = job["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert float(args[args.index("--grace") + 1]) == grace - 30
+
+
+def test_no_model_fails_at_render_or_the_demo_is_prepared(rendered):
+    import helm_python as helm
+
+    with helm.Chart.load(CHART) as chart, pytest.raises(helm.HelmError) as err:
+        chart.render({"demo": {"enabled": False}}, name="flywheel", namespace="flywheel")
+    assert "config.actor.path is empty" in str(err.value) and "demo.enabled" in str(err.value)
+    # default values: the demo, as `flywheel run` with no model and compose's prepare
+    objects = rendered["default"]
+    [prepare] = [o for o in find(objects, "Job") if "-prepare-" in o["metadata"]["name"]]
+    args = containers(prepare)[0]["args"]
+    marker = args[args.index("--out") + 1]
+    assert marker == "/data/shared/flywheel/trial0/prepared.yaml"
+    data = yaml.safe_load(one(objects, "ConfigMap", "flywheel-config")["data"]["flywheel.yaml"])
+    assert data["actor"]["path"] == "/data/shared/flywheel/trial0/model/sft"  # warm-started
+    assert data["train_dataset"]["path"] == "/data/shared/flywheel/trial0/data/train.jsonl"
+    for pod in (trainer_job(objects), one(objects, "StatefulSet", "flywheel-rollout")):
+        [wait] = pod["spec"]["template"]["spec"]["initContainers"]
+        assert wait["command"][-1] == marker
+    # a given model: no prepare Job, nothing waits
+    gpu = rendered["gpu-8-values.yaml"]
+    assert not [o for o in find(gpu, "Job") if "-prepare-" in o["metadata"]["name"]]
+    assert "initContainers" not in trainer_job(gpu)["spec"]["template"]["spec"]
+
+
+def test_secrets_have_one_value_per_render_and_roll_the_pods(helm_check, rendered):
+    objects = rendered["default"]
+    sums = {
+        o["metadata"]["name"]: o["spec"]["template"]["metadata"]["annotations"]["checksum/secret"]
+        for o in workloads(objects)
+        if o["metadata"]["labels"]["app.kubernetes.io/component"] != "redis"
+    }
+    assert len(sums) == 5 and len(set(sums.values())) == 1, sums  # one token in one render
+    # given values (or existingSecret): every render is the same, Job names included
+    values = {"auth": {"token": "t0k"}, "redis": {"auth": {"password": "pw"}}}
+    a, b = helm_check.render(values), helm_check.render(values)
+    assert trainer_job(a)["metadata"]["name"] == trainer_job(b)["metadata"]["name"]
+    assert a == b
+    changed = helm_check.render({**values, "auth": {"token": "other"}})
+    assert trainer_job(changed)["metadata"]["name"] != trainer_job(a)["metadata"]["name"]
+
+
+@pytest.mark.parametrize("case", ["default", *CI_FILES])
+def test_the_chart_leaves_the_peer_outage_budget_alone(rendered, case):
+    """A Redis or buffer restart on a cluster takes minutes: the chart's config must not
+    shorten the services' time budget for unreachable peers (services.peer_outage_budget_s)
+    or the clients' retries."""
+    data = yaml.safe_load(
+        one(rendered[case], "ConfigMap", "flywheel-config")["data"]["flywheel.yaml"]
+    )
+    text = yaml.safe_dump(data)
+    assert "outage" not in text and "retries" not in text
+
+
+def test_flywheel_eval_with_the_chart_config_binds_here(helm_check, rendered, tmp_path):
+    """`flywheel eval --config <the chart's flywheel.yaml>` starts reward and one rollout
+    replica on this machine: on loopback, not on the ConfigMap's Kubernetes DNS names."""
+    from services.common.config import load_config
+    from services.launcher import assets
+    from services.launcher.main import local_eval_endpoints
+    from services.reward.__main__ import main as reward_main
+    from services.rollout.__main__ import main as rollout_main
+
+    text = one(rendered["gpu-8-values.yaml"], "ConfigMap", "flywheel-config")["data"][
+        "flywheel.yaml"
+    ]
+    (tmp_path / "chart.yaml").write_text(text)
+    cfg = load_config(str(tmp_path / "chart.yaml"))
+    local_eval_endpoints(cfg)
+    assets.assign_ports(cfg)
+    resolved = assets.write_resolved_config(cfg, tmp_path)
+    assert reward_main(["--check", "--config", str(resolved)]) == 0
+    assert rollout_main(["--check", "--eval-only", "--config", str(resolved)]) == 0

@@ -68,26 +68,38 @@ def test_manifests_validate_strictly(cfg, helm_check):
     assert helm_check.validate_objects(objects) == []
     kinds = [o["kind"] for o in objects]
     assert kinds[:3] == ["Namespace", "Secret", "ConfigMap"]
-    assert kinds.count("StatefulSet") == 3 and kinds.count("Deployment") == 2
+    assert kinds.count("StatefulSet") == 2 and kinds.count("Deployment") == 2
+    assert kinds.count("Job") == 1  # the trainer: Complete after total_train_steps
 
 
 def test_same_topology_and_names_as_the_chart(cfg, helm_check):
     ours = by_kind_name(k8s.build_manifests(cfg))
     chart = by_kind_name(helm_check.render({}, name="demo", namespace="fw-test"))
-    workloads = {key for key in ours if key[0] in ("Deployment", "StatefulSet")}
-    assert workloads == {key for key in chart if key[0] in ("Deployment", "StatefulSet")}
+    kinds = ("Deployment", "StatefulSet")
+    workloads = {key for key in ours if key[0] in kinds}
+    assert workloads == {key for key in chart if key[0] in kinds}
     assert workloads == {
         ("StatefulSet", "demo-flywheel-redis"),
         ("Deployment", "demo-flywheel-buffer"),
         ("Deployment", "demo-flywheel-reward"),
         ("StatefulSet", "demo-flywheel-rollout"),
-        ("StatefulSet", "demo-flywheel-trainer"),
     }
+    # the trainer is a Job in both; the chart's name carries its revision hash
+    [chart_job] = [v for k, v in chart.items() if k[0] == "Job" and "-trainer-" in k[1]]
+    ours_job = ours[("Job", "demo-flywheel-trainer")]
+    assert chart_job["spec"]["completionMode"] == ours_job["spec"]["completionMode"] == "Indexed"
     for key in [k for k in ours if k[0] == "Service"]:
         assert key in chart, key
-    for name in ("demo-flywheel-rollout", "demo-flywheel-trainer"):
-        a = ours[("StatefulSet", name)]["spec"]["template"]["spec"]["containers"][0]
-        b = chart[("StatefulSet", name)]["spec"]["template"]["spec"]["containers"][0]
+    pairs = [
+        (
+            ours[("StatefulSet", "demo-flywheel-rollout")],
+            chart[("StatefulSet", "demo-flywheel-rollout")],
+        )
+    ]
+    for ours_obj, chart_obj in [*pairs, (ours_job, chart_job)]:
+        a = ours_obj["spec"]["template"]["spec"]["containers"][0]
+        b = chart_obj["spec"]["template"]["spec"]["containers"][0]
+        assert a["command"] == b["command"]
         assert a["startupProbe"]["grpc"] == b["startupProbe"]["grpc"]
         assert a["readinessProbe"]["grpc"] == b["readinessProbe"]["grpc"]
         assert a["livenessProbe"]["httpGet"] == b["livenessProbe"]["httpGet"]
@@ -107,14 +119,36 @@ def test_config_map_is_a_loadable_cluster_config_without_secrets(cfg):
     assert loaded.services.auth_token is None or loaded.services.auth_token != "tok-123"
     secret = objects[("Secret", "demo-flywheel-secrets")]
     assert secret["stringData"] == {"token": "tok-123", "redis-password": "pw-456"}
-    trainer = objects[("StatefulSet", "demo-flywheel-trainer")]["spec"]["template"]["spec"][
-        "containers"
-    ][0]
-    assert (
-        "--nproc-per-node=2" in trainer["command"] and trainer["command"][-1] == "services.trainer"
-    )
+    job = objects[("Job", "demo-flywheel-trainer")]["spec"]
+    trainer = job["template"]["spec"]["containers"][0]
+    assert trainer["command"] == ["python", "-m", "services.trainer"]
+    assert trainer["args"][trainer["args"].index("--nproc-per-node") + 1] == "2"
     assert trainer["args"][-1] == "services.trainer.host=0.0.0.0"
+    assert job["template"]["spec"]["restartPolicy"] == "Never"
+    # what the trainer pod loads: the ConfigMap plus its own args, as the kubelet expands them
+    assert (
+        loaded.trainer.master_addr
+        == "demo-flywheel-trainer-0.demo-flywheel-trainer-headless.fw-test.svc"
+    )
     assert objects[("StatefulSet", "demo-flywheel-rollout")]["spec"]["replicas"] == 2
+
+
+def test_every_pod_loads_the_config_map_with_its_own_args(cfg, tmp_path):
+    """Each container's config as its pod loads it: the ConfigMap's file plus the args
+    (`services.<name>.host=0.0.0.0`). With 2 rollout replicas on one port this used to
+    fail the port check (both replicas "on 0.0.0.0:50051")."""
+    objects = by_kind_name(k8s.build_manifests(cfg))
+    path = tmp_path / "flywheel.yaml"
+    path.write_text(objects[("ConfigMap", "demo-flywheel-config")]["data"]["flywheel.yaml"])
+    for (kind, name), obj in objects.items():
+        if kind not in ("Deployment", "StatefulSet", "Job") or name.endswith("redis"):
+            continue
+        args = obj["spec"]["template"]["spec"]["containers"][0]["args"]
+        overrides = [a for a in args if "=" in a and not a.startswith("-")]
+        loaded = load_config(str(path), overrides)
+        assert loaded.rollout.n_replicas == 2, name
+        component = name.rsplit("-", 1)[-1]
+        assert getattr(loaded.services, component).host == "0.0.0.0", name
 
 
 def test_external_redis_and_gpu_engine(helm_check):
@@ -140,9 +174,7 @@ def test_external_redis_and_gpu_engine(helm_check):
     assert rollout["nodeSelector"] == {"gpu": "h100"}
     data = yaml.safe_load(keyed[("ConfigMap", "demo-flywheel-config")]["data"]["flywheel.yaml"])
     assert data["rollout"]["sglang"]["url"] == "http://127.0.0.1:30000"
-    trainer = keyed[("StatefulSet", "demo-flywheel-trainer")]["spec"]["template"]["spec"][
-        "containers"
-    ][0]
+    trainer = keyed[("Job", "demo-flywheel-trainer")]["spec"]["template"]["spec"]["containers"][0]
     assert trainer["resources"]["limits"]["nvidia.com/gpu"] == 2
 
 
@@ -175,7 +207,7 @@ def test_dry_run_writes_the_manifests_in_order(tmp_path, helm_check):
     assert len(files) == 14 and files[0].name == "00-namespace-fw-test.yaml"
     objects = [yaml.safe_load(p.read_text()) for p in files]
     assert helm_check.validate_objects(objects) == []
-    assert [o["kind"] for o in objects][-1] == "StatefulSet"
+    assert [o["kind"] for o in objects][-1] == "Job"
 
 
 # --- the stand-in API server -------------------------------------------------------------------
@@ -198,7 +230,7 @@ class StandInCluster:
 
     # route: (group path, resource, name, subresource)
     PATH = re.compile(
-        r"^/(?:api/v1|apis/apps/v1)(?:/namespaces/(?P<ns>[^/]+))?/(?P<res>[a-z]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>[a-z]+))?$"
+        r"^/(?:api/v1|apis/apps/v1|apis/batch/v1)(?:/namespaces/(?P<ns>[^/]+))?/(?P<res>[a-z]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>[a-z]+))?$"
     )
     ROOT_NS = re.compile(r"^/api/v1/namespaces(?:/(?P<name>[^/]+))?$")
 
@@ -259,9 +291,9 @@ class StandInCluster:
     def pods(self) -> dict[str, Any]:
         items = []
         for (res, name), obj in self.objects.items():
-            if res not in ("deployments", "statefulsets"):
+            if res not in ("deployments", "statefulsets", "jobs"):
                 continue
-            for i in range(obj["spec"].get("replicas", 1)):
+            for i in range(obj["spec"].get("replicas", obj["spec"].get("parallelism", 1))):
                 statuses = []
                 for c in obj["spec"]["template"]["spec"]["containers"]:
                     state: dict[str, Any] = {"running": {}}
@@ -376,9 +408,9 @@ def test_full_cycle_create_gate_follow_delete(cfg, stand_in):
         and i > first("GET", "deployments/demo-flywheel-buffer/status")
     )
     assert first("GET", "statefulsets/demo-flywheel-rollout/status") > rollout_created
-    trainer_post = [
-        i for i, (m, p) in enumerate(cluster.log) if m == "POST" and p.endswith("statefulsets")
-    ][-1]
+    trainer_post = next(
+        i for i, (m, p) in enumerate(cluster.log) if m == "POST" and p.endswith("jobs")
+    )
     assert first("GET", "statefulsets/demo-flywheel-rollout/status") < trainer_post
     # logs of every container were followed and prefixed
     assert any(

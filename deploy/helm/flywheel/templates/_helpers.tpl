@@ -79,15 +79,25 @@ app.kubernetes.io/part-of: flywheel
 {{- default (printf "%s-token" (include "flywheel.fullname" .)) .Values.auth.existingSecret -}}
 {{- end -}}
 
-{{/* A generated secret value that survives upgrades: reuse what the cluster holds. */}}
+{{/* A generated secret value that survives upgrades: the value given, else what the
+     cluster holds (`lookup`), else a new random one, generated once per render so that
+     the Secret and every pod's checksum of it agree. Without a cluster (`helm template`,
+     GitOps) `lookup` finds nothing and each render generates new values: give them
+     (auth.token, redis.auth.password) or use existingSecret there. */}}
 {{- define "flywheel.secretValue" -}}
+{{- $cache := get .root "flywheelGeneratedSecrets" | default dict -}}
+{{- $_ := set .root "flywheelGeneratedSecrets" $cache -}}
+{{- $slot := printf "%s/%s" .name .key -}}
 {{- $existing := lookup "v1" "Secret" .root.Release.Namespace .name -}}
 {{- if .value -}}
 {{- .value -}}
 {{- else if and $existing $existing.data (index $existing.data .key) -}}
 {{- index $existing.data .key | b64dec -}}
 {{- else -}}
-{{- randAlphaNum 32 -}}
+{{- if not (hasKey $cache $slot) -}}
+{{- $_ := set $cache $slot (randAlphaNum 32) -}}
+{{- end -}}
+{{- index $cache $slot -}}
 {{- end -}}
 {{- end -}}
 
@@ -119,9 +129,90 @@ app.kubernetes.io/part-of: flywheel
 {{- printf "%s-rollout-{i}.%s-rollout-headless.%s" $full $full (include "flywheel.svcDomain" .) -}}
 {{- end -}}
 
+{{/* Pod annotations that roll a pod when what it reads changes: the ConfigMap and the
+     Secrets (tokens, Redis password), so no pod keeps an old token after a change. */}}
+{{- define "flywheel.checksums" -}}
+checksum/config: {{ include "flywheel.config" . | sha256sum }}
+checksum/secret: {{ include (print .Template.BasePath "/secrets.yaml") . | sha256sum }}
+{{- end -}}
+
+{{/* A short hash of the release's values, app version and Secrets. A Job's pod template
+     cannot be changed in place, so the trainer and prepare Jobs carry it in their names:
+     an upgrade that changes any of them replaces the Job (the trainer resumes from its
+     checkpoint; a completed run stays completed), one that changes nothing keeps it. */}}
+{{- define "flywheel.revisionHash" -}}
+{{- $secrets := include (print .Template.BasePath "/secrets.yaml") . | sha256sum -}}
+{{- printf "%s|%s|%s" (toYaml .Values) .Chart.AppVersion $secrets | sha256sum | trunc 6 -}}
+{{- end -}}
+
+{{- define "flywheel.trainerJobName" -}}
+{{- printf "%s-trainer-%s" (include "flywheel.fullname" .) (include "flywheel.revisionHash" .) -}}
+{{- end -}}
+
+{{/* Pod i of the trainer's Indexed Job has the hostname "<job>-i" in the headless
+     Service's subdomain; pod 0 holds rank 0 and the rendezvous. */}}
 {{- define "flywheel.trainerMaster" -}}
 {{- $full := include "flywheel.fullname" . -}}
-{{- printf "%s-trainer-0.%s-trainer-headless.%s" $full $full (include "flywheel.svcDomain" .) -}}
+{{- printf "%s-0.%s-trainer-headless.%s" (include "flywheel.trainerJobName" .) $full (include "flywheel.svcDomain" .) -}}
+{{- end -}}
+
+{{/* The demo: no `config.actor.path` given. A prepare Job writes the tiny model (with its
+     supervised warm start) and the built-in arithmetic data onto the shared volume, as the
+     local launcher and compose's `prepare` do; without `demo.enabled` the install fails
+     here, saying what to set. */}}
+{{- define "flywheel.demo" -}}
+{{- if not (dig "actor" "path" "" .Values.config) -}}
+{{- if not .Values.demo.enabled -}}
+{{- fail "config.actor.path is empty: set it to a Hugging Face model directory on the shared volume (e.g. --set config.actor.path=/data/shared/models/Qwen2.5-1.5B-Instruct, copied there beforehand), or set demo.enabled=true to train the tiny demo model" -}}
+{{- end -}}
+{{- if not .Values.sharedStorage.enabled -}}
+{{- fail "demo.enabled writes the demo model onto the shared volume: set sharedStorage.enabled=true, or config.actor.path to a model every pod can read" -}}
+{{- end -}}
+true
+{{- else if and (not (dig "train_dataset" "path" "" .Values.config)) (not .Values.demo.enabled) -}}
+{{- fail "config.train_dataset.path is empty: set it to a JSONL or parquet file of prompts on the shared volume (e.g. --set config.train_dataset.path=/data/shared/data/train.jsonl), or set demo.enabled=true to write the built-in arithmetic data there" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* True when a prepare Job runs: the demo model, or the built-in data set (no
+     `config.train_dataset.path`) under demo.enabled. */}}
+{{- define "flywheel.prepare" -}}
+{{- if or (include "flywheel.demo" .) (and .Values.demo.enabled (not (dig "train_dataset" "path" "" .Values.config))) -}}true{{- end -}}
+{{- end -}}
+
+{{/* The run directory `<cluster.fileroot>/<experiment_name>/<trial_name>`. */}}
+{{- define "flywheel.runDir" -}}
+{{- $root := dig "cluster" "fileroot" .Values.sharedStorage.mountPath .Values.config -}}
+{{- printf "%s/%s/%s" (trimSuffix "/" $root) (dig "experiment_name" "flywheel" .Values.config) (dig "trial_name" "trial0" .Values.config) -}}
+{{- end -}}
+
+{{/* Written by the prepare Job last, once model and data are in place. */}}
+{{- define "flywheel.preparedMarker" -}}
+{{- printf "%s/prepared.yaml" (include "flywheel.runDir" .) -}}
+{{- end -}}
+
+{{/* Where prepare writes the demo model: the warm-started copy unless the warm start is off. */}}
+{{- define "flywheel.demoModelPath" -}}
+{{- $ws := dig "launcher" "warm_start" dict .Values.config -}}
+{{- $on := and (ne (toString (dig "enabled" true $ws)) "false") (gt (int (dig "steps" 220 $ws)) 0) -}}
+{{- printf "%s/model/%s" (include "flywheel.runDir" .) (ternary "sft" "base" $on) -}}
+{{- end -}}
+
+{{/* Init container of rollout and trainer pods while a prepare Job runs: wait for it. */}}
+{{- define "flywheel.waitForPrepare" -}}
+{{- if include "flywheel.prepare" . }}
+initContainers:
+  - name: wait-for-prepare
+    image: {{ include "flywheel.image" (dict "root" . "image" dict) | quote }}
+    imagePullPolicy: {{ .Values.image.pullPolicy }}
+    command: ["python", "-c", "import os, sys, time\nwhile not os.path.exists(sys.argv[1]):\n    time.sleep(2)", {{ include "flywheel.preparedMarker" . | quote }}]
+    resources:
+      requests: {cpu: 10m, memory: 32Mi}
+    securityContext:
+      {{- toYaml .Values.containerSecurityContext | nindent 6 }}
+    volumeMounts:
+      {{- include "flywheel.sharedVolumeMount" . | nindent 6 }}
+{{- end }}
 {{- end -}}
 
 {{/* The Flywheel configuration every service reads: what the chart derives from its own
@@ -146,6 +237,17 @@ app.kubernetes.io/part-of: flywheel
       "rollout" (dict "host" (include "flywheel.rolloutHost" .) "port" (int .Values.rollout.ports.grpc) "metrics_port" (int .Values.rollout.ports.metrics) "port_stride" 0)
       "trainer" (dict "host" (include "flywheel.trainerMaster" .) "port" (int .Values.trainer.ports.grpc) "metrics_port" (int .Values.trainer.ports.metrics)))
 -}}
+{{- if include "flywheel.demo" . -}}
+{{- $model := include "flywheel.demoModelPath" . -}}
+{{- $_ := set $derived "actor" (dict "path" $model) -}}
+{{- $_ := set $derived "tokenizer_path" $model -}}
+{{- end -}}
+{{- if include "flywheel.prepare" . -}}
+{{- $_ := set $derived "train_dataset" (dict "path" (printf "%s/data/train.jsonl" (include "flywheel.runDir" .))) -}}
+{{- if and (hasKey .Values.config "valid_dataset") (not (dig "valid_dataset" "path" "" .Values.config)) (.Values.config.valid_dataset) -}}
+{{- $_ := set $derived "valid_dataset" (dict "path" (printf "%s/data/valid.jsonl" (include "flywheel.runDir" .))) -}}
+{{- end -}}
+{{- end -}}
 {{- if .Values.rollout.sglang.enabled -}}
 {{- $_ := set $derived.rollout "engine" "sglang" -}}
 {{- $_ := set $derived.rollout "sglang" (dict "url" (printf "http://127.0.0.1:%d" (int .Values.rollout.sglang.port))) -}}
