@@ -23,9 +23,11 @@ the W ranks, pass `normalizer = N / W` (or multiply the loss by W) to keep the s
 sequence). Without `normalizer` the local count is used: correct only when one call sees
 the whole minibatch.
 
-Tokens dropped by rejection sampling or M2PO still count in N: the denominator is taken
-from the loss mask before those filters, so dropping a token removes its contribution
-instead of inflating everybody else's.
+Tokens dropped by rejection sampling still count in N: the denominator is taken from the
+loss mask before it, so dropping a token removes its contribution instead of inflating
+everybody else's (AReaL's `ppo_actor_loss_fn`). M2PO's mask, as in AReaL, is the loss
+mask the loss sees: `ppo_actor_loss` passes it as `denominator_mask` and scales a given
+`normalizer` by the call's N_after / N_before M2PO.
 """
 
 from __future__ import annotations
@@ -109,7 +111,7 @@ def aggregate_loss(
 
     `loss_mask` selects the tokens whose losses are summed; `denominator_mask` (default:
     `loss_mask`) is what the local token/sequence counts come from when `normalizer` is
-    None — pass the mask from before rejection sampling / M2PO. `normalizer` is the
+    None — pass the mask from before rejection sampling (after M2PO). `normalizer` is the
     minibatch-wide count (tokens for `token-mean`, sequences for the two seq modes).
     """
     if per_token_loss.shape != loss_mask.shape:
