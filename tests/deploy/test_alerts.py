@@ -89,3 +89,46 @@ def test_chart_carries_the_same_rules(dashboards_generator):
         PROM / "alerts.yml"
     ).read_text()
     assert dashboards_generator.stale_files() == []
+
+
+def test_a_trainer_that_has_not_trained_yet_fires_nothing(promtool, tmp_path):
+    """What a (re)started trainer exports before its first step, held for 40 minutes as
+    Prometheus would scrape it, through every alert rule: no alert. Before, its statistic
+    gauges read 0 there and both importance-weight alerts fired (|0 - 1| = 1)."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from services.trainer.metrics import TrainerMetrics
+
+    exposition = generate_latest(TrainerMetrics().registry).decode()
+    labels = 'job="flywheel-trainer",instance="trainer:9400"'
+    series = [{"series": f"up{{{labels}}}", "values": "1x40"}]
+    for family in text_string_to_metric_families(exposition):
+        for sample in family.samples:
+            extra = "".join(f',{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            series.append(
+                {"series": f"{sample.name}{{{labels}{extra}}}", "values": f"{sample.value}x40"}
+            )
+    names = {s["series"].split("{")[0] for s in series}
+    assert "flywheel_trainer_steps_total" in names  # the exposition was really read
+    assert "flywheel_trainer_importance_weight" not in names
+    tests = {
+        "rule_files": [str(PROM / "alerts.yml")],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": series,
+                "alert_rule_test": [
+                    {"eval_time": "35m", "alertname": a["alert"], "exp_alerts": []}
+                    for a in alerts()
+                    if a["alert"] != "FlywheelServiceAbsent"  # only the trainer is up here
+                ],
+            }
+        ],
+    }
+    (tmp_path / "t.yml").write_text(yaml.safe_dump(tests))
+    result = subprocess.run(
+        [promtool, "test", "rules", str(tmp_path / "t.yml")], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
