@@ -621,3 +621,89 @@ def test_critic_huber_delta_defaults_to_areals_ten() -> None:
     from services.common.config import PPOCriticConfig
 
     assert PPOCriticConfig().huber_delta == 10.0
+
+
+def _areal_micro_batch_loop(
+    logp: list[float],
+    prox: list[float],
+    behave: list[float],
+    adv: list[float],
+    *,
+    eps: float,
+    upper: float,
+    lower: float,
+    m2: float | None,
+) -> dict[str, float]:
+    """AReaL 2.0's `grpo_loss_fn` → `ppo_actor_loss_fn` on one micro-batch, token by token,
+    written from its formulas (areal/trainer/ppo/actor.py, areal/utils/functional/
+    functional.py): M2PO on the input mask, ratio-metric rejection sampling (mask) on the
+    result, PPO clip, loss over the post-rejection tokens divided by the post-M2PO count."""
+    n = len(logp)
+    keep = [True] * n
+    if m2 is not None:
+        order = sorted(range(n), key=lambda i: (behave[i] - prox[i]) ** 2, reverse=True)
+        vals = [(behave[i] - prox[i]) ** 2 for i in order]
+        cut = next((k for k in range(n) if sum(vals[k:]) / (n - k) < m2), n - 1)
+        for i in order[:cut]:
+            keep[i] = False
+    stat = [i for i in range(n) if keep[i]]
+    w = {i: math.exp(prox[i] - behave[i]) for i in stat}
+    kept = [i for i in stat if lower <= w[i] <= upper]
+    total, clipped = 0.0, 0
+    for i in stat:
+        r = math.exp(logp[i] - prox[i])
+        l1, l2 = -adv[i] * r, -adv[i] * min(max(r, 1 - eps), 1 + eps)
+        clipped += l1 < l2
+        if i in kept:
+            total += max(l1, l2) * w[i]
+    return {
+        "loss": total / len(stat),
+        "importance_weight/avg": sum(math.exp(logp[i] - prox[i]) for i in stat) / len(stat),
+        "clip_ratio/avg": clipped / len(stat),
+        "behave_imp_weight/avg": sum(w[i] for i in kept) / len(kept),
+        "behave_approx_kl/avg": sum(prox[i] - behave[i] for i in kept) / len(kept),
+        "filtered_fraction": (len(stat) - len(kept)) / len(stat),
+    }
+
+
+@pytest.mark.parametrize("m2", [None, 0.02, 1e-6])
+def test_loss_and_statistics_equal_an_areal_loop(m2: float | None, gen: torch.Generator) -> None:
+    # random micro-batches of 24 tokens; IcePop bounds [0.8, 1.25] reject some tokens,
+    # M2PO (0.02) masks some, 1e-6 leaves the single smallest-M2 token.
+    for _ in range(5):
+        prox = torch.randn(1, 24, generator=gen, dtype=torch.float64) - 1.0
+        behave = prox - 0.2 * torch.randn(1, 24, generator=gen, dtype=torch.float64)
+        logp = prox + 0.3 * torch.randn(1, 24, generator=gen, dtype=torch.float64)
+        adv = torch.randn(1, 24, generator=gen, dtype=torch.float64)
+        spec = RejectionSpec(lower=0.8, upper=1.25)
+        loss, stats = ppo_actor_loss(
+            logp,
+            prox,
+            adv,
+            torch.ones(1, 24, dtype=torch.bool),
+            behave_logprobs=behave,
+            use_decoupled_loss=True,
+            rejection_sampling=spec,
+            m2_threshold=m2,
+            eps_clip=0.2,
+        )
+        want = _areal_micro_batch_loop(
+            logp[0].tolist(),
+            prox[0].tolist(),
+            behave[0].tolist(),
+            adv[0].tolist(),
+            eps=0.2,
+            upper=1.25,
+            lower=0.8,
+            m2=m2,
+        )
+        if not want["filtered_fraction"] < 1:
+            continue  # every token rejected: no behaviour statistics to compare
+        rep = summarize_token_stats(stats, ACTOR_TOKEN_STATS)
+        assert float(loss) == pytest.approx(want["loss"], rel=1e-6, abs=1e-7)
+        assert float(stats["filtered_fraction"]) == pytest.approx(want["filtered_fraction"])
+        for k in ("importance_weight/avg", "clip_ratio/avg", "behave_imp_weight/avg"):
+            assert float(rep[k]) == pytest.approx(want[k], rel=1e-5, abs=1e-6), k
+        assert float(rep["behave_approx_kl/avg"]) == pytest.approx(
+            want["behave_approx_kl/avg"], rel=1e-5, abs=1e-6
+        )
