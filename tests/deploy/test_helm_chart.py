@@ -482,3 +482,42 @@ def test_flywheel_eval_with_the_chart_config_binds_here(helm_check, rendered, tm
     resolved = assets.write_resolved_config(cfg, tmp_path)
     assert reward_main(["--check", "--config", str(resolved)]) == 0
     assert rollout_main(["--check", "--eval-only", "--config", str(resolved)]) == 0
+
+
+@pytest.mark.slow
+def test_the_prepare_job_writes_what_the_config_map_names(rendered, tmp_path):
+    """The prepare Job's container, run here as its pod would (the ConfigMap's file, its
+    own args; the shared volume at a temporary folder): the model and data land exactly at
+    the paths the ConfigMap gives every other pod, and the marker the init containers wait
+    for is written. (The warm start is cut to 2 steps to keep the test short.)"""
+    import subprocess
+    import sys
+
+    objects = rendered["default"]
+    [prepare] = [o for o in find(objects, "Job") if "-prepare-" in o["metadata"]["name"]]
+    text = one(objects, "ConfigMap", "flywheel-config")["data"]["flywheel.yaml"]
+    shared = tmp_path / "shared"
+    (tmp_path / "flywheel.yaml").write_text(text.replace("/data/shared", str(shared)))
+    c = containers(prepare)[0]
+    args = [
+        a.replace("/etc/flywheel", str(tmp_path)).replace("/data/shared", str(shared))
+        for a in c["args"]
+    ]
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "deploy" / "docker" / "prepare.py"),
+            *args,
+            "launcher.warm_start.steps=2",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    data = yaml.safe_load(text)
+    for path in (data["actor"]["path"], data["tokenizer_path"], data["train_dataset"]["path"]):
+        assert Path(path.replace("/data/shared", str(shared))).exists(), path
+    marker = args[args.index("--out") + 1]
+    assert Path(marker).is_file()
