@@ -20,7 +20,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from services.common.config import ConfigError, load_config, to_yaml
+from services.common.config import ConfigError, to_yaml
+from services.common.config.loader import load_with_report
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -48,6 +49,14 @@ def _parser() -> argparse.ArgumentParser:
             "--dry-run",
             action="store_true",
             help="print the resolved config as YAML and exit",
+        )
+        cmd.add_argument(
+            "--from",
+            dest="source",
+            choices=("auto", "areal", "flywheel"),
+            default="auto",
+            help="read the file as an AReaL config and translate it (auto: when it has "
+            "AReaL-only keys)",
         )
         cmd.epilog = (
             "Any other argument is a dotted override: actor.eps_clip=0.3, "
@@ -102,11 +111,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_BAD_CONFIG
     args = _parse(argv)
     try:
-        config = load_config(args.config, args.overrides)
+        config, report = load_with_report(
+            args.config, args.overrides, source=args.source, require_data=not args.dry_run
+        )
     except ConfigError as exc:
         print(f"flywheel {args.command}: {exc}", file=sys.stderr)
         return EXIT_BAD_CONFIG
+    for warning in report.warnings:
+        print(f"flywheel {args.command}: warning: {warning}", file=sys.stderr)
     if args.dry_run:
+        # The translation table and data set notes as YAML comments: stdout stays YAML.
+        sys.stdout.write("".join(f"# {line}\n" for line in report.lines()))
         sys.stdout.write(to_yaml(config))
         return EXIT_OK
     entry = _launcher_entry("run")

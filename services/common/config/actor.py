@@ -379,7 +379,7 @@ class PPOActorConfig(TrainEngineConfig):
     ppo_n_minibatches: int = Field(default=4, ge=1)
     """Optimizer steps per training batch; the batch is split into this many minibatches."""
 
-    eps_clip: float = Field(default=0.2, gt=0.0)
+    eps_clip: float = Field(default=0.2, ge=0.0)
     """PPO clip ε: the ratio is clipped to [1-ε, 1+ε] (lower bound when
     `eps_clip_higher` is set)."""
 

@@ -5,6 +5,11 @@ applied to the raw tree first, interpolation is resolved afterwards (so
 `gconfig.n_samples=8` also changes every `${gconfig.n_samples}`), and the pydantic
 models validate last. Every failure is a `ConfigError` naming the dotted field path,
 the bad value and the fix.
+
+A file written for AReaL (recognised by keys only AReaL has, or named so with
+`source="areal"`) is translated after interpolation (`areal_compat.translate`), and data
+sets named by a Hugging Face id are resolved to their local copy (`dataset`);
+`load_with_report` returns what was done next to the config, for the dry-run to print.
 """
 
 from __future__ import annotations
@@ -15,13 +20,18 @@ import re
 import types
 import typing
 from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from ._base import FlywheelModel, RuleViolation
+from . import areal_compat
+from ._base import FlywheelModel, RuleViolation, redact_secrets
+from .areal_compat import Translation
+from .dataset import is_hub_id, resolve_hub_dataset, reward_for
 from .errors import ConfigError, ConfigIssue
 from .root import FlywheelConfig
 
@@ -75,6 +85,18 @@ def _known_keys(model: type[BaseModel]) -> list[str]:
     return list(model.model_fields)
 
 
+def flywheel_fields(dotted: str) -> set[str] | None:
+    """Field names of the Flywheel block at `dotted` (`""` is the root, `actor.optimizer`
+    a nested block); None when that path is not a block."""
+    ann: Any = FlywheelConfig
+    for part in [p for p in dotted.split(".") if p]:
+        ann = _child(ann, part)
+        if ann is None:
+            return None
+    cur = _unwrap(ann)
+    return set(cur.model_fields) if _is_model(cur) else None
+
+
 def _suggest(model: type[BaseModel], key: str, prefix: str) -> str:
     """'did you mean ...' text for an unknown `key` of `model` (located at `prefix`)."""
     known = _known_keys(model)
@@ -105,6 +127,15 @@ def _unknown_key_issue(model: type[BaseModel], key: str, prefix: str, value: Any
     migration = getattr(model, "legacy_keys", {}).get(key)
     if migration:
         return ConfigIssue(prefix + key, value, migration)
+    collision = areal_compat.COLLISIONS.get(prefix + key)
+    if collision:
+        # Same name, another meaning: a "did you mean" would point at the wrong key.
+        return ConfigIssue(
+            prefix + key,
+            value,
+            f"{collision}; this file is read as a Flywheel config: load it with "
+            "`--from areal` (source='areal') to translate AReaL keys",
+        )
     return ConfigIssue(
         prefix + key,
         value,
@@ -152,13 +183,15 @@ def parse_value(text: str) -> Any:
 # --------------------------------------------------------------------------- overrides
 
 
-def apply_override(raw: dict[str, Any], override: str) -> None:
+def apply_override(raw: dict[str, Any], override: str, *, check: bool = True) -> None:
     """Apply one `a.b.c=value`, `+a.b=value`, `++a.b=value` or `~a.b` to `raw` in place.
 
     Keys are checked against the schema before anything changes: an unknown key is an
     error naming the nearest valid key; below free-form dict fields (`gae_lambda_kwargs`,
     `workflow_kwargs`, ...) any key is accepted. `+` is accepted also for keys that
-    already exist (AReaL users type it for keys missing from their YAML).
+    already exist (AReaL users type it for keys missing from their YAML). `check=False`
+    skips the schema check (overrides of an AReaL file name AReaL keys; validation after
+    the translation still reports unknown ones).
     """
     text = override.strip()
     delete = text.startswith("~")
@@ -175,7 +208,8 @@ def apply_override(raw: dict[str, Any], override: str) -> None:
     parts = key.split(".")
     if not key or any(not p for p in parts):
         raise ConfigError(ConfigIssue(key, override, "malformed key; write a.b.c=value"))
-    _check_path(parts, value_text)
+    if check:
+        _check_path(parts, value_text)
     if delete:
         _delete(raw, parts)
         return
@@ -482,16 +516,172 @@ def load_raw(path: str | os.PathLike[str] | None, overrides: Sequence[str] = ())
     return resolve_interpolations(raw)
 
 
+@dataclass
+class LoadReport:
+    """What loading did besides validating: the source format, AReaL's keys and their
+    translation, and the data sets and reward chosen for them."""
+
+    source: str = "flywheel"
+    """`flywheel` or `areal` (how the file was read)."""
+
+    markers: list[str] = dataclass_field(default_factory=list)
+    """The AReaL-only keys that identified the file as an AReaL config."""
+
+    translations: list[Translation] = dataclass_field(default_factory=list)
+    """One row per AReaL key: mapped to Flywheel keys, or ignored with the reason."""
+
+    data: list[Translation] = dataclass_field(default_factory=list)
+    """Data set ids resolved to local copies (or not found), rewards that follow."""
+
+    @property
+    def warnings(self) -> list[str]:
+        """One line per ignored key or missing data set, each naming the key."""
+        return [
+            f"{r.key}: {r.action}: {r.flywheel}"
+            for r in (*self.translations, *self.data)
+            if r.action in (areal_compat.IGNORED, "missing")
+        ]
+
+    def lines(self) -> list[str]:
+        """The report as text: the translation table, then data sets and reward."""
+        out: list[str] = []
+        if self.source == "areal":
+            why = ", ".join(self.markers[:6]) + (", ..." if len(self.markers) > 6 else "")
+            out.append(
+                "read as an AReaL config"
+                + (f" (AReaL-only keys: {why})" if why else " (--from areal)")
+            )
+            mapped = sum(r.action == areal_compat.MAPPED for r in self.translations)
+            ignored = len(self.translations) - mapped
+            out.append(
+                f"{mapped} AReaL keys mapped, {ignored} ignored; all other keys have the "
+                "same meaning in Flywheel and are kept"
+            )
+            out += areal_compat.format_table(self.translations)
+        for r in self.data:
+            out.append(f"{r.key} = {r.value}: {r.action}: {r.flywheel}")
+        return out
+
+
+_SOURCES = ("auto", "areal", "flywheel")
+
+
+def load_with_report(
+    path: str | os.PathLike[str] | None,
+    overrides: Sequence[str] = (),
+    *,
+    source: str = "auto",
+    require_data: bool = True,
+) -> tuple[FlywheelConfig, LoadReport]:
+    """Load like `load_config` and say what was translated and resolved.
+
+    `source`: `auto` reads a file with AReaL-only keys as AReaL's, `areal` always
+    translates, `flywheel` never does. With `require_data`, a data set id without a local
+    copy is a `ConfigError` carrying the fetch command; without it (the dry-run), a
+    warning in the report.
+    """
+    if source not in _SOURCES:
+        raise ConfigError(
+            ConfigIssue("", source, f"unknown config source; use one of {', '.join(_SOURCES)}")
+        )
+    raw = read_yaml(path) if path is not None else {}
+    report = LoadReport(markers=areal_compat.areal_markers(raw))
+    report.source = ("areal" if report.markers else "flywheel") if source == "auto" else source
+    if report.source == "areal":
+        later = [o for o in overrides if _flywheel_only_override(o)]
+        for override in overrides:
+            if override not in later:
+                apply_override(raw, override, check=False)
+        tree, report.translations = areal_compat.translate(resolve_interpolations(raw))
+        for override in later:
+            apply_override(tree, override)
+        tree = resolve_interpolations(tree)
+    else:
+        tree = _apply_all(raw, overrides)
+    problems = _resolve_data(tree, report)
+    config = validate(tree)
+    if problems and require_data:
+        raise ConfigError(problems)
+    return config, report
+
+
+def _apply_all(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    for override in overrides:
+        apply_override(raw, override)
+    return resolve_interpolations(raw)
+
+
+def _flywheel_only_override(override: str) -> bool:
+    """An override of an AReaL file that names a Flywheel-only key (`trainer.n_ranks=2`):
+    applied after the translation, so that it wins over what the translation set."""
+    key = override.strip().lstrip("+~").partition("=")[0].strip()
+    parts = key.split(".")
+    root = areal_compat.AREAL_FIELDS[""]
+    if parts[0] not in root:
+        return parts[0] in (flywheel_fields("") or set())
+    if len(parts) > 1 and parts[0] in areal_compat.AREAL_FIELDS:
+        block = flywheel_fields(parts[0]) or set()
+        return parts[1] not in areal_compat.AREAL_FIELDS[parts[0]] and parts[1] in block
+    return False
+
+
+def _resolve_data(tree: dict[str, Any], report: LoadReport) -> list[ConfigIssue]:
+    """Point data set ids at their local copies; pick the reward of a known data set."""
+    problems: list[ConfigIssue] = []
+    named: str | None = None
+    for block, default_split in (("train_dataset", "train"), ("valid_dataset", "test")):
+        ds = tree.get(block)
+        if not isinstance(ds, dict) or not isinstance(ds.get("path"), str):
+            continue
+        hub_id = ds["path"]
+        if block == "train_dataset":
+            named = hub_id
+        if not is_hub_id(hub_id):
+            continue
+        split = ds.get("split") or default_split
+        found = resolve_hub_dataset(hub_id, split)
+        key = f"{block}.path"
+        shown = f"{hub_id} (split {split})"
+        if found.local is not None:
+            ds["path"] = str(found.local)
+            report.data.append(Translation(key, shown, "resolved", f"local copy {found.local}"))
+        else:
+            report.data.append(Translation(key, shown, "missing", found.problem))
+            problems.append(ConfigIssue(key, hub_id, found.problem))
+    reward = tree.get("reward")
+    if named and not (isinstance(reward, dict) and "fn" in reward):
+        fn = reward_for(named)
+        if fn is not None:
+            tree.setdefault("reward", {})
+            if isinstance(tree["reward"], dict):
+                tree["reward"]["fn"] = fn
+                report.data.append(
+                    Translation(
+                        "reward.fn",
+                        fn,
+                        "chosen",
+                        f"the reward of the data set {named} "
+                        "(as AReaL's examples pair them); set reward.fn to change it",
+                    )
+                )
+    return problems
+
+
 def load_config(
-    path: str | os.PathLike[str] | None, overrides: Sequence[str] = ()
+    path: str | os.PathLike[str] | None,
+    overrides: Sequence[str] = (),
+    *,
+    source: str = "auto",
 ) -> FlywheelConfig:
-    """Load `path` (or only defaults when None), apply `overrides`, resolve, validate."""
-    return validate(load_raw(path, overrides))
+    """Load `path` (or only defaults when None), apply `overrides`, resolve, validate.
+    An AReaL file is translated (see `load_with_report`)."""
+    return load_with_report(path, overrides, source=source)[0]
 
 
 def to_yaml(config: FlywheelModel, *, redact: bool = True) -> str:
-    """The config as YAML in field order; the auth token is masked unless `redact=False`."""
+    """The config as YAML in field order; every credential (the tokens, the Redis password:
+    fields marked `SECRET`) is masked unless `redact=False`."""
     data = config.model_dump(mode="json")
-    if redact and isinstance(data.get("services"), dict) and data["services"].get("auth_token"):
-        data["services"]["auth_token"] = "***"
+    if redact:
+        data = redact_secrets(config, data)
     return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True)

@@ -17,6 +17,7 @@ from .reward import RewardConfig
 from .rollout import RolloutConfig
 from .scheduler import SchedulerConfig
 from .services import ServicesConfig
+from .tracking import TrackingConfig
 from .trainer import TrainerConfig
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -92,6 +93,10 @@ class FlywheelConfig(FlywheelModel):
 
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     """Trainer service."""
+
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    """Experiment tracking (TensorBoard always; W&B, MLflow when enabled); AReaL's
+    `stats_logger`."""
 
     services: ServicesConfig = Field(default_factory=ServicesConfig)
     """Addresses, auth and message limits."""

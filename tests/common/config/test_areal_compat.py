@@ -1,0 +1,348 @@
+"""AReaL configs are translated, not rejected (`services/common/config/areal_compat.py`).
+
+Two kinds of input:
+- AReaL's own `examples/math/gsm8k_*.yaml`, read from an AReaL checkout named by the
+  `AREAL_SRC` environment variable (skipped without one; nothing of AReaL is copied here);
+- AReaL-style files written for these tests (GRPO, PPO, Dr.GRPO, GSPO, DAPO), whose
+  resolved algorithm settings are compared with what AReaL would use: the value the file
+  sets, else the default of AReaL's `areal/api/cli_args.py` (AReaL 2.0, cbff54d; each
+  default named in a comment).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from services import cli
+from services.common.config import ConfigError
+from services.common.config.areal_compat import areal_markers, parse_allocation
+from services.common.config.loader import load_with_report
+
+AREAL_SRC = os.environ.get("AREAL_SRC", "")
+_EXAMPLES = Path(AREAL_SRC) / "examples" / "math" if AREAL_SRC else None
+_AREAL_FILES = sorted(_EXAMPLES.glob("gsm8k_*.yaml")) if _EXAMPLES and _EXAMPLES.is_dir() else []
+
+
+def _dry_run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = cli.main(["run", *args, "--dry-run"])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def _has_key(tree: Any, dotted: str) -> bool:
+    node = tree
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+# --------------------------------------------------------------------------- AReaL's files
+
+
+@pytest.mark.skipif(
+    not _AREAL_FILES,
+    reason="set AREAL_SRC to an AReaL 2.0 checkout to load its examples/math/gsm8k_*.yaml",
+)
+@pytest.mark.parametrize("path", _AREAL_FILES, ids=lambda p: p.name)
+def test_areals_own_gsm8k_examples_load_with_dry_run(
+    path: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLYWHEEL_DATASETS_DIR", str(tmp_path))  # no local GSM8K copy
+    code, out, err = _dry_run(capsys, "--config", str(path))
+    assert code == 0, err
+    resolved = yaml.safe_load(out)  # the table is YAML comments: stdout stays YAML
+    assert resolved["experiment_name"] == yaml.safe_load(path.read_text())["experiment_name"]
+    raw = yaml.safe_load(path.read_text())
+    warnings = [line for line in err.splitlines() if ": warning: " in line]
+    assert warnings, "ignored AReaL keys are reported"
+    for line in warnings:
+        key = line.split(": warning: ", 1)[1].split(":", 1)[0]
+        assert _has_key(raw, key), f"the warning names a key of the file: {line}"
+    # The table names every AReaL-only key the file has.
+    rows = [line[2:].split(" ", 1)[0] for line in out.splitlines() if line.startswith("# ")]
+    for marker in areal_markers(raw):
+        assert any(r == marker or r.startswith(marker + ".") for r in rows), marker
+    assert resolved["reward"]["fn"] == "gsm8k"  # train_dataset.path: openai/gsm8k
+
+
+# --------------------------------------------------------------------------- written here
+
+# The common part of AReaL's gsm8k examples, as a user writes it (not copied).
+_BASE: dict[str, Any] = {
+    "experiment_name": "written-for-test",
+    "trial_name": "t0",
+    "cluster": {"n_nodes": 1, "n_gpus_per_node": 4, "fileroot": "/tmp/exp"},
+    "gconfig": {"n_samples": 4, "max_new_tokens": 512, "temperature": 1.0},
+    "rollout": {"backend": "sglang:d2t1", "max_head_offpolicyness": 2},
+    "actor": {
+        "backend": "fsdp:d2",
+        "path": "/models/policy",
+        "temperature": "${gconfig.temperature}",
+        "kl_ctl": 0.0,
+        "ppo_n_minibatches": 1,
+        "reward_scaling": 10.0,
+        "reward_bias": -0.5,
+        "recompute_logprob": True,
+        "use_decoupled_loss": True,
+        "adv_norm": {"mean_level": "batch", "std_level": "batch"},
+    },
+    "train_dataset": {"path": "/data/train.jsonl", "batch_size": 8, "type": "rl"},
+    "saver": {"freq_epochs": 1, "freq_steps": 20},
+    "recover": {"mode": "auto", "freq_steps": 10, "retries": 5},
+    "stats_logger": {"wandb": {"mode": "offline", "project": "p"}},
+}
+
+_GROUP_NORM = {"mean_level": "group", "std_level": "group", "group_size": "${gconfig.n_samples}"}
+
+
+def _variant(actor: dict[str, Any], **root: Any) -> dict[str, Any]:
+    tree = yaml.safe_load(yaml.safe_dump(_BASE))
+    tree["actor"].update(actor)
+    tree.update(root)
+    return tree
+
+
+# Per algorithm: the AReaL-style file, then the settings AReaL would run with.
+# AReaL defaults used where a file is silent (areal/api/cli_args.py, PPOActorConfig):
+# eps_clip 0.2, eps_clip_higher None, reward_norm None, discount 1.0, gae_lambda 1.0,
+# importance_sampling_level "token", overlong_reward_penalty False; NormConfig: eps 1e-5,
+# std_unbiased True, group_size 1; PPOCriticConfig.eps_clip 0.5; dynamic_bs False.
+ALGORITHMS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    # examples/math/gsm8k_grpo.yaml: group reward norm, batch adv norm, eps_clip 0.4.
+    "grpo": (
+        _variant({"eps_clip": 0.4, "reward_norm": _GROUP_NORM}),
+        {
+            "actor.eps_clip": 0.4,
+            "actor.eps_clip_higher": None,
+            "actor.reward_norm.mean_level": "group",
+            "actor.reward_norm.std_level": "group",
+            "actor.reward_norm.group_size": 4,
+            "actor.reward_norm.eps": 1e-5,
+            "actor.adv_norm.mean_level": "batch",
+            "actor.importance_sampling_level": "token",
+            "actor.discount": 1.0,
+            "actor.gae_lambda": 1.0,
+            "actor.dynamic_sampling": False,
+            "critic": None,
+        },
+    ),
+    # examples/math/gsm8k_ppo.yaml: a critic (eps_clip 0.5), no reward_norm (default None).
+    "ppo": (
+        _variant(
+            {"eps_clip": 0.4},
+            critic={"backend": "fsdp:d2", "path": "${actor.path}", "eps_clip": 0.5},
+        ),
+        {
+            "actor.reward_norm": None,
+            "actor.adv_norm.std_level": "batch",
+            "critic.eps_clip": 0.5,
+            "critic.ppo_n_minibatches": 4,  # PPOCriticConfig default
+            "actor.gae_lambda": 1.0,
+        },
+    ),
+    # examples/math/gsm8k_drgrpo.yaml: the group reward norm without std.
+    "drgrpo": (
+        _variant({"eps_clip": 0.4, "reward_norm": {**_GROUP_NORM, "std_level": None}}),
+        {
+            "actor.reward_norm.mean_level": "group",
+            "actor.reward_norm.std_level": None,
+            "actor.adv_norm.mean_level": "batch",
+        },
+    ),
+    # examples/math/gsm8k_gspo.yaml: sequence-level importance ratio.
+    "gspo": (
+        _variant({"eps_clip": 0.4, "importance_sampling_level": "sequence"}),
+        {"actor.importance_sampling_level": "sequence", "actor.eps_clip": 0.4},
+    ),
+    # examples/math/gsm8k_dapo_dynamic_bs.yaml: clip-higher, overlong penalty, dynamic_bs.
+    "dapo": (
+        _variant(
+            {
+                "eps_clip": 0.2,
+                "eps_clip_higher": 0.28,
+                "overlong_reward_penalty": True,
+                "overlong_tokens": 512,
+                "overlong_penalty_factor": 1.0,
+                "reward_norm": _GROUP_NORM,
+            },
+            dynamic_bs=True,
+        ),
+        {
+            "actor.eps_clip": 0.2,
+            "actor.eps_clip_higher": 0.28,
+            "actor.overlong_reward_penalty": True,
+            "actor.overlong_tokens": 512,
+            "actor.overlong_penalty_factor": 1.0,
+            "actor.dynamic_sampling": True,
+        },
+    ),
+}
+
+
+def _get(model: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        model = getattr(model, part)
+        if model is None:
+            return None
+    return model
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_written_areal_files_resolve_to_areals_algorithm_settings(
+    name: str, tmp_path: Path
+) -> None:
+    tree, expected = ALGORITHMS[name]
+    path = tmp_path / f"gsm8k_{name}.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    config, report = load_with_report(path)
+    assert report.source == "areal"
+    for key, want in expected.items():
+        got = _get(config, key)
+        if isinstance(want, float):
+            assert got == pytest.approx(want, rel=0, abs=1e-12), key
+        else:
+            assert got == want, key
+    # The settings every variant shares (from the file, mapped keys included).
+    assert config.actor.reward_scaling == 10.0 and config.actor.reward_bias == -0.5
+    assert config.actor.use_decoupled_loss and config.actor.kl_ctl == 0.0
+    assert config.trainer.n_ranks == 2  # fsdp:d2
+    assert (config.rollout.engine, config.rollout.n_replicas) == ("sglang", 2)  # sglang:d2t1
+    assert config.trainer.backend == "nccl"  # n_gpus_per_node: 4
+    assert config.trainer.weight_transport == "distributed"  # AReaL's default xccl
+    assert config.trainer.save_freq_steps == 10  # min(saver 20, recover 10)
+    assert config.trainer.recover == "auto" and config.launcher.max_restarts == 5
+    assert config.tracking.wandb.mode == "offline" and config.tracking.wandb.project == "p"
+
+
+def test_translation_names_each_areal_key_with_what_flywheel_does(tmp_path: Path) -> None:
+    path = tmp_path / "grpo.yaml"
+    path.write_text(yaml.safe_dump(ALGORITHMS["grpo"][0]))
+    _, report = load_with_report(path)
+    rows = {r.key: r for r in report.translations}
+    assert rows["actor.backend"].action == "mapped"
+    assert "trainer.n_ranks: 2" in rows["actor.backend"].flywheel
+    assert rows["saver.freq_epochs"].action == "ignored"
+    assert "by trainer step" in rows["saver.freq_epochs"].flywheel
+    assert rows["cluster.n_nodes"].action == "ignored"
+    text = "\n".join(report.lines())
+    assert "AReaL key" in text and "saver.freq_steps" in text
+
+
+def test_overrides_of_an_areal_file_take_areal_and_flywheel_keys(tmp_path: Path) -> None:
+    path = tmp_path / "grpo.yaml"
+    path.write_text(yaml.safe_dump(ALGORITHMS["grpo"][0]))
+    config, _ = load_with_report(path, ["actor.backend=fsdp:d3", "rollout.backend=sglang:d1t2"])
+    assert config.trainer.n_ranks == 3
+    assert (config.rollout.n_replicas, config.rollout.sglang.tp_size) == (1, 2)
+    # A Flywheel-only key wins over what the translation derived.
+    config, _ = load_with_report(path, ["trainer.n_ranks=5"])
+    assert config.trainer.n_ranks == 5
+
+
+def test_a_typo_in_an_areal_file_still_fails(tmp_path: Path) -> None:
+    tree = yaml.safe_load(yaml.safe_dump(ALGORITHMS["grpo"][0]))
+    tree["actor"]["eps_clipp"] = 0.3
+    path = tmp_path / "typo.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    with pytest.raises(ConfigError) as err:
+        load_with_report(path)
+    assert err.value.paths == ["actor.eps_clipp"]
+    assert "did you mean 'actor.eps_clip'" in str(err.value)
+
+
+def test_cpu_template_runs_the_torch_engine_on_cpu(tmp_path: Path) -> None:
+    # AReaL's gsm8k_grpo_cpu.yaml idea: no GPUs, vllm:d1p1t1 rollout.
+    tree = yaml.safe_load(yaml.safe_dump(ALGORITHMS["grpo"][0]))
+    tree["cluster"]["n_gpus_per_node"] = 0
+    tree["rollout"]["backend"] = "vllm:d1p1t1"
+    tree["actor"]["backend"] = "fsdp:d1p1t1"
+    tree["actor"]["weight_update_mode"] = "disk"
+    path = tmp_path / "cpu.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    config, _ = load_with_report(path)
+    assert (config.trainer.backend, config.trainer.device) == ("gloo", "cpu")
+    assert (config.rollout.engine, config.rollout.torch_device) == ("torch", "cpu")
+    assert config.trainer.weight_transport == "disk"
+
+
+def test_sapo_rejection_sampling_is_dropped_as_areal_does(tmp_path: Path) -> None:
+    # AReaL's PPOActorConfig.__post_init__: rejection_sampling without
+    # use_decoupled_loss is ignored (a warning); gsm8k_sapo.yaml keeps the block.
+    tree = _variant(
+        {
+            "use_sapo_loss": True,
+            "use_decoupled_loss": False,
+            "recompute_logprob": False,
+            "rejection_sampling": {"metric": "ratio", "upper": 5.0},
+        }
+    )
+    path = tmp_path / "sapo.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    config, report = load_with_report(path)
+    assert config.actor.rejection_sampling is None and config.actor.use_sapo_loss
+    assert any(
+        r.key == "actor.rejection_sampling" and r.action == "ignored" for r in report.translations
+    )
+
+
+def test_allocation_strings() -> None:
+    assert parse_allocation("fsdp:d4p1t1", "fsdp").world == 4
+    assert parse_allocation("megatron:(attn:d1p6t1c1|ffn:d1p6t1e1)", "fsdp").world == 6
+    alloc = parse_allocation("sglang:d2t4", "sglang")
+    assert (alloc.backend, alloc.dims) == ("sglang", {"d": 2, "t": 4})
+    assert parse_allocation("d8", "fsdp").backend == "fsdp"
+    with pytest.raises(ValueError, match="parallel dimensions"):
+        parse_allocation("fsdp:", "fsdp")
+
+
+def test_legacy_allocation_mode(tmp_path: Path) -> None:
+    tree = yaml.safe_load(yaml.safe_dump(_BASE))
+    del tree["actor"]["backend"], tree["rollout"]["backend"]
+    tree["allocation_mode"] = "sglang:d3p1t2+fsdp:d5"
+    path = tmp_path / "legacy.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    config, _ = load_with_report(path)
+    assert (config.rollout.n_replicas, config.rollout.sglang.tp_size) == (3, 2)
+    assert config.trainer.n_ranks == 5
+
+
+# --------------------------------------------------------------------------- detection
+
+
+def test_flywheel_files_are_not_translated() -> None:
+    config, report = load_with_report(Path("examples/grpo.yaml"))
+    assert report.source == "flywheel" and not report.translations and not report.markers
+
+
+def test_forced_flywheel_reading_explains_collisions_without_did_you_mean(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "areal.yaml"
+    path.write_text(
+        yaml.safe_dump({"recover": {"mode": "auto"}, "rollout": {"backend": "sglang:d1"}})
+    )
+    with pytest.raises(ConfigError) as err:
+        load_with_report(path, source="flywheel")
+    text = str(err.value)
+    assert set(err.value.paths) == {"recover", "rollout.backend"}
+    # `trainer.recover` and `trainer.backend` exist with other meanings: never suggested.
+    assert "did you mean" not in text
+    assert "--from areal" in text and "trainer.recover: auto|disabled" in text
+
+
+def test_from_areal_flag_translates(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # A file with no AReaL-only key is read as AReaL's only when told so.
+    path = tmp_path / "plain.yaml"
+    path.write_text(yaml.safe_dump({"actor": {"eps_clip": 0.3}}))
+    code, out, _ = _dry_run(capsys, "--config", str(path), "--from", "areal")
+    assert code == 0
+    assert "# read as an AReaL config (--from areal)" in out
+    # AReaL's default weight_update_mode xccl applies: the distributed transport.
+    assert yaml.safe_load(out)["trainer"]["weight_transport"] == "distributed"
