@@ -12,9 +12,9 @@ Kubernetes probe can read it. Two small JSON records, each written atomically:
   rewritten at every exit. A trainer killed by a signal leaves the previous one (or none).
 
 Exit codes of `python -m services.trainer`: 0 when the run is complete (just now, or already
-at start) and after a requested stop (Stop RPC, SIGTERM) that ended with a checkpoint; 1 on a
-failure (the last checkpoint resumes it); 2 on a bad configuration. Whether an exit 0 was a
-completion or a stop is what `completed.json` says.
+at start) and after a requested stop (Stop RPC, SIGTERM) that ended with a checkpoint (or the
+code given with `--stopped-exit-code`); 1 on a failure (the last checkpoint resumes it); 2 on a
+bad configuration. Whether an exit 0 was a completion or a stop is what `completed.json` says.
 """
 
 from __future__ import annotations
