@@ -3,6 +3,7 @@
     flywheel run --config FILE [a.b.c=value ...] [--dry-run]
     flywheel eval --config FILE [--checkpoint DIR] [overrides ...]
     flywheel status [RUN_DIR | --config FILE [overrides ...]]
+    flywheel doctor RUN_DIR [--json]
 
 `eval` and `status` parse their own arguments in the launcher
 (`services.launcher.main.eval_main(argv)` / `status_main(argv)`); `run` validates the
@@ -41,6 +42,7 @@ def _parser() -> argparse.ArgumentParser:
         "run": "train with the given config",
         "eval": "evaluate a checkpoint on valid_dataset",
         "status": "show the state of a running experiment",
+        "doctor": "check a run against the RL troubleshooting playbook (RUN_DIR [--json])",
     }
     for name, text in helps.items():
         cmd = sub.add_parser(name, help=text, description=text)
@@ -99,6 +101,10 @@ def _launcher_entry(command: str):
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `flywheel` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "doctor":  # its own arguments; see services/doctor/main.py
+        from services.doctor.main import doctor_main
+
+        return doctor_main(argv[1:])
     if argv and argv[0] in ("eval", "status") and "--dry-run" not in argv:
         # These parse their own arguments (checkpoint, run directory, ...).
         entry = _launcher_entry(argv[0])
