@@ -38,3 +38,42 @@ class FlywheelModel(BaseModel):
     legacy_keys: ClassVar[dict[str, str]] = {}
     """Keys this block used to have (here or in AReaL), mapped to the migration text shown
     when a file still uses them."""
+
+
+SECRET: dict[str, Any] = {"secret": True}
+"""`json_schema_extra` of a field that holds a credential: `redact_secrets` masks it in every
+dump (`to_yaml`, `--dry-run`, logs)."""
+
+REDACTED = "***"
+
+
+def redact_secrets(model: BaseModel, data: Any) -> Any:
+    """`data` (a `model_dump` of `model`) with every set credential field replaced by
+    `REDACTED` (a mapping of credentials keeps its keys, each value masked)."""
+    if not isinstance(data, dict):
+        return data
+    for name, info in type(model).model_fields.items():
+        if name not in data:
+            continue
+        extra = info.json_schema_extra
+        if isinstance(extra, dict) and extra.get("secret"):
+            value = data[name]
+            if isinstance(value, dict):
+                data[name] = {k: REDACTED for k in value}
+            elif value:
+                data[name] = REDACTED
+            continue
+        child = getattr(model, name, None)
+        if isinstance(child, BaseModel):
+            data[name] = redact_secrets(child, data[name])
+        elif isinstance(child, list | tuple) and isinstance(data[name], list):
+            data[name] = [
+                redact_secrets(c, d) if isinstance(c, BaseModel) else d
+                for c, d in zip(child, data[name], strict=False)
+            ]
+        elif isinstance(child, dict) and isinstance(data[name], dict):
+            data[name] = {
+                k: redact_secrets(child[k], v) if isinstance(child.get(k), BaseModel) else v
+                for k, v in data[name].items()
+            }
+    return data

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from ._base import FlywheelModel
+from ._base import SECRET, FlywheelModel
 
 
 class BufferConfig(FlywheelModel):
@@ -16,7 +16,7 @@ class BufferConfig(FlywheelModel):
     """`redis://host:port/db`; null means the launcher starts a local `redis-server`
     (AOF on) and fills this in."""
 
-    redis_password: str | None = None
+    redis_password: str | None = Field(default=None, json_schema_extra=SECRET)
     """Redis password; null reads `FLYWHEEL_REDIS_PASSWORD` from the environment, if set."""
 
     redis_server: str | None = None

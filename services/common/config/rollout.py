@@ -112,3 +112,9 @@ class RolloutConfig(FlywheelModel):
 
     torch_num_threads: int = Field(default=1, ge=1)
     """Flywheel: CPU threads of the torch engine process (`torch.set_num_threads`)."""
+
+    max_weight_bytes: int = Field(default=64 << 30, gt=0)
+    """Flywheel: largest weight update a replica accepts, in bytes (64 GiB: a 32B model in
+    bf16; raise it for larger models). Every transport checks the update's announced size
+    (the manifest's `total_bytes`, which must be > 0 and equal the sum of the tensors'
+    sizes) against it before allocating, so a caller cannot exhaust the replica's memory."""
