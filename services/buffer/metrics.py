@@ -29,6 +29,7 @@ backpressure refusals) uses ordinary process-local instruments.
 | `flywheel_buffer_rpc_errors_total{method,code}` | RPCs answered with an error status | any UNAVAILABLE: Redis down |
 | `flywheel_buffer_redis_errors_total` | Redis calls that failed | rising: Redis unreachable or overloaded |
 | `flywheel_buffer_redis_up` | 1 while Redis answers | 0: buffer NOT_SERVING |
+| `flywheel_buffer_refused_requests_total{method,field}` | requests refused as INVALID_ARGUMENT by the bounds on ids and versions | any: a producer with a bug, or a client probing the buffer |
 | `flywheel_buffer_backpressure_total` | puts refused because the buffer was full | rising: trainer cannot keep up |
 | `flywheel_buffer_redis_lost_puts_total` | puts that Redis lost in a crash (put counter went back) | any: Redis lost its last writes |
 | `flywheel_buffer_read_cache_total{result}` | claimed groups whose bytes came from this replica's memory (hit) or Redis (miss) | many misses: `read_cache_bytes` too small, or puts go through another replica |
@@ -154,6 +155,12 @@ class BufferMetrics:
             f"{P}_redis_errors_total", "Redis calls that failed.", registry=registry
         )
         self.redis_up = Gauge(f"{P}_redis_up", "1 while Redis answers.", registry=registry)
+        self.refused = Counter(
+            f"{P}_refused_requests_total",
+            "Requests refused (INVALID_ARGUMENT) by the bounds on ids and versions.",
+            ["method", "field"],
+            registry=registry,
+        )
         self.backpressure = Counter(
             f"{P}_backpressure_total",
             "Puts refused with RESOURCE_EXHAUSTED because the buffer was full.",

@@ -31,7 +31,12 @@ from services.buffer.filters import GroupFilter
 from services.buffer.metrics import BufferMetrics
 from services.buffer.payload_cache import PayloadCache
 from services.buffer.store import ClaimedGroup, PutItem, PutOutcome, RedisStore, StatsSnapshot
-from services.buffer.validate import fast_versions
+from services.buffer.validate import (
+    fast_versions,
+    id_problem,
+    put_version_problem,
+    set_version_problem,
+)
 from services.common.codec import CodecError, CodecLimits, group_from_proto
 
 log = logging.getLogger(__name__)
@@ -85,6 +90,8 @@ def _rpc(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
         try:
             return await method(self, request, context)
         except RpcFailure as err:
+            if isinstance(err, BoundsRefusal):
+                self.metrics.refused.labels(name, err.field).inc()
             self.metrics.rpc_errors.labels(name, err.code.name).inc()
             trailers = (("retry-after-ms", str(err.retry_after_ms)),) if err.retry_after_ms else ()
             await context.abort(err.code, err.details, trailing_metadata=trailers)
@@ -123,6 +130,27 @@ def _require(ok: bool, field: str, why: str) -> None:
         raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {why}")
 
 
+class BoundsRefusal(RpcFailure):
+    """INVALID_ARGUMENT from the bounds on ids and versions; `field` labels the metric."""
+
+    def __init__(self, field: str, why: str) -> None:
+        super().__init__(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {why}")
+        self.field = field
+
+
+def _check_ids(**ids: str | list[str]) -> None:
+    """Raise BoundsRefusal for the first id that is not one (see `validate.id_problem`).
+    Request, reservation and rollout ids may be empty (they are optional)."""
+    for field, value in ids.items():
+        for one in value if isinstance(value, list) else [value]:
+            why = id_problem(one, allow_empty=field in _OPTIONAL_IDS)
+            if why is not None:
+                raise BoundsRefusal(field, f"{one[:64]!r} {why}")
+
+
+_OPTIONAL_IDS = frozenset({"request_id", "reservation_id", "rollout_id"})
+
+
 class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
     """Implements `flywheel.v1.BufferService` over a `RedisStore`."""
 
@@ -141,6 +169,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         self.on_redis_error = on_redis_error
         self._arrivals = asyncio.Condition()
         self._max_put_seen = 0
+        self._version_seen = 0  # a lower bound of the current version (it only grows)
         self.lost_puts_detected = 0
         self._snapshot_lock = asyncio.Lock()
         # A replay buffer takes no puts: nothing would ever be found in a cache.
@@ -228,6 +257,8 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
             except RpcFailure as err:
                 if err.code == grpc.StatusCode.INTERNAL:  # a filter broke: store nothing
                     raise
+                if isinstance(err, BoundsRefusal):
+                    self.metrics.refused.labels("PutMany", err.field).inc()
                 # Counted as invalid by _admissible; the others still go in.
                 results[i] = buffer_pb2.PutResponse(
                     result=buffer_pb2.ADMISSION_RESULT_INVALID, reason=err.details
@@ -250,6 +281,19 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         """The group as the store takes it, or RpcFailure (counted as invalid) saying why not.
         `payload` is the group's bytes as received (None: serialize the parsed group)."""
         msg = request.group
+        try:
+            # Empty group and trajectory ids are left to the codec, which names them.
+            _check_ids(
+                group_id=[msg.group_id] if msg.group_id else [],
+                request_id=request.request_id,
+                reservation_id=msg.reservation_id,
+                trajectory_id=[t.trajectory_id for t in msg.trajectories if t.trajectory_id],
+            )
+        except BoundsRefusal:
+            # Counted (put and dropped{invalid}) under no id: a bad id must not become a key.
+            await self.store.put_invalid()
+            self.metrics.put_results.labels("invalid").inc()
+            raise
         if payload is None:
             payload = msg.SerializeToString()
         size = len(payload)
@@ -276,6 +320,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         except CodecError as err:
             await self._count_invalid(request)
             raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, f"group: {err.reason}") from None
+        await self._check_put_version(request, newest)
         return PutItem(
             group_id=msg.group_id,
             oldest_version=oldest,
@@ -286,9 +331,26 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
             filtered=filtering and group is not None and not self._accepts(group),
         )
 
+    async def _check_put_version(self, request: buffer_pb2.PutRequest, newest: int) -> None:
+        """Refuse (counted as invalid) tokens from versions beyond current + eta + 1. Checked
+        against the highest version seen first, and only on a miss against Redis (one GET):
+        the version only grows, so a pass against a lower bound is a pass."""
+        eta = self.store.settings.eta
+        if put_version_problem(newest, self._version_seen, eta) is None:
+            return
+        self._note_version(await self.store.get_version())
+        why = put_version_problem(newest, self._version_seen, eta)
+        if why is not None:
+            await self._count_invalid(request)
+            raise BoundsRefusal("group.versions", why)
+
+    def _note_version(self, version: int) -> None:
+        self._version_seen = max(self._version_seen, version)
+
     async def _store_puts(self, items: list[PutItem]) -> list[PutOutcome]:
         outcomes = await self.store.put_many(items)
         for item, outcome in zip(items, outcomes, strict=True):
+            self._note_version(outcome.version)
             self.metrics.put_results.labels(outcome.result).inc()
             if outcome.result == "full":
                 self.metrics.backpressure.inc()
@@ -331,6 +393,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         self, request: buffer_pb2.ReserveCapacityRequest, context: Any
     ) -> buffer_pb2.ReserveCapacityResponse:
         self._refuse_in_replay("ReserveCapacity")
+        _check_ids(rollout_id=request.rollout_id, request_id=request.request_id)
         _require(
             0 <= request.count <= MAX_IDS_PER_CALL, "count", f"must be in [0, {MAX_IDS_PER_CALL}]"
         )
@@ -352,6 +415,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
     ) -> buffer_pb2.ReleaseCapacityResponse:
         ids = list(request.reservation_ids)
         _require(len(ids) <= MAX_IDS_PER_CALL, "reservation_ids", f"at most {MAX_IDS_PER_CALL}")
+        _check_ids(reservation_id=ids, rollout_id=request.rollout_id)
         if not ids and request.rollout_id:
             _require("#" not in request.rollout_id, "rollout_id", "no '#' in a rollout_id")
             released = await self.store.release_rollout(request.rollout_id)
@@ -372,7 +436,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
     async def Claim(  # type: ignore[override]  # wire bytes of a ClaimResponse, see register()
         self, request: buffer_pb2.ClaimRequest, context: Any
     ) -> bytes:
-        _require(bool(request.consumer_id), "consumer_id", "must not be empty")
+        _check_ids(consumer_id=request.consumer_id, request_id=request.request_id)
         _require(
             1 <= request.n_groups <= MAX_IDS_PER_CALL,
             "n_groups",
@@ -478,6 +542,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         ids = list(request.group_ids)
         _require(len(ids) <= MAX_IDS_PER_CALL, "group_ids", f"at most {MAX_IDS_PER_CALL}")
         _require(all(ids), "group_ids", "must not contain empty ids")
+        _check_ids(group_id=ids)
         acked = await self.store.ack(ids)
         self.cache.discard(ids)
         return buffer_pb2.AckResponse(acked=acked)
@@ -487,8 +552,13 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
     async def SetVersion(
         self, request: buffer_pb2.SetVersionRequest, context: Any
     ) -> common_pb2.Version:
-        _require(request.version >= 0, "version", f"must be >= 0, got {request.version}")
+        _check_ids(request_id=request.request_id)
+        current = await self.store.get_version()
+        why = set_version_problem(request.version, current)
+        if why is not None:
+            raise BoundsRefusal("version", why)
         ok, current = await self.store.set_version(request.version, request.request_id)
+        self._note_version(current)
         if not ok:
             raise RpcFailure(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -537,7 +607,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
     async def ReadGroup(
         self, request: buffer_pb2.ReadGroupRequest, context: Any
     ) -> common_pb2.TrajectoryGroup:
-        _require(bool(request.group_id), "group_id", "must not be empty")
+        _check_ids(group_id=request.group_id)
         payload = await self.store.read_group(request.group_id)
         if payload is None:
             raise RpcFailure(

@@ -3,14 +3,19 @@ and agrees with it on the versions of what both accept."""
 
 from __future__ import annotations
 
+import asyncio
+import unicodedata
 from collections.abc import Callable
 
+import grpc
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flywheel_proto.v1 import common_pb2
+from flywheel_proto.v1 import buffer_pb2, buffer_pb2_grpc, common_pb2
+from services.buffer.client import BufferClient
+from services.buffer.service import BufferService
 from services.buffer.validate import fast_versions
 from services.common.codec import (
     CodecError,
@@ -19,7 +24,9 @@ from services.common.codec import (
     group_from_proto,
     group_to_proto,
 )
+from services.common.grpc_client import make_sync_channel
 
+from .conftest import BufferFactory
 from .helpers import make_group
 
 Msg = common_pb2.TrajectoryGroup
@@ -165,3 +172,184 @@ def test_random_groups_match_the_codec(lens, versions, corrupt) -> None:  # noqa
         assert fast is None
     else:
         assert fast == codec  # common-case dtypes only here: the fast path must decide
+
+
+# -- bounds on ids and versions, against a real buffer on a real redis-server ----------------
+
+BAD_IDS = ["a\nb", "a b", "tab\there", "nul\x00", "esc\x1b[0m", "nbsp\u00a0", "x" * 257, ""]
+
+
+def _stub(client: BufferClient) -> buffer_pb2_grpc.BufferServiceStub:
+    return buffer_pb2_grpc.BufferServiceStub(client.channel)
+
+
+def _refused(service: BufferService, method: str, field: str) -> float:
+    value = service.metrics.registry.get_sample_value(
+        "flywheel_buffer_refused_requests_total", {"method": method, "field": field}
+    )
+    return value or 0.0
+
+
+async def _put_code(client: BufferClient, group: Msg) -> grpc.StatusCode:
+    try:
+        await _stub(client).Put(buffer_pb2.PutRequest(group=group))
+    except grpc.aio.AioRpcError as err:
+        return err.code()
+    return grpc.StatusCode.OK
+
+
+@pytest.mark.integration
+async def test_set_version_stays_within_one_step(make_buffer: BufferFactory) -> None:
+    # Issue 24: SetVersion(2**63 - 1) came back negative; after SetVersion(2**62) the
+    # trainer's next SetVersion failed and every put was stale.
+    service, client = await make_buffer()
+    stub = _stub(client)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.SetVersion(buffer_pb2.SetVersionRequest(version=2**63 - 1))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert await client.get_version() == 0
+    assert await client.set_version(1) == 1
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.SetVersion(buffer_pb2.SetVersionRequest(version=2**40))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "one step ahead" in err.value.details()
+    assert await client.set_version(2) == 2  # the trainer's next step still works
+    assert _refused(service, "SetVersion", "version") == 2
+
+
+@pytest.mark.integration
+async def test_set_version_allows_what_a_resumed_trainer_does(make_buffer: BufferFactory) -> None:
+    # services/trainer/loop.py `_resume_version`: the checkpoint's version, or one past the
+    # highest the buffer or a replica saw. On a fresh buffer (version 0) the checkpoint's
+    # version is set in one jump; on the same buffer it is at most current + 1.
+    _, client = await make_buffer()
+    assert await client.set_version(50) == 50
+    assert await client.set_version(51, request_id="trainer:v51") == 51
+    assert await client.set_version(51, request_id="trainer:v51") == 51  # a retry
+    assert await client.set_version(52) == 52
+
+
+@pytest.mark.integration
+async def test_put_of_future_versions_is_refused_and_counted(make_buffer: BufferFactory) -> None:
+    # eta = 1 (conftest), version 3: tokens up to 3 + 1 + 1 = 5 are admissible.
+    service, client = await make_buffer()
+    await client.set_version(1)
+    await client.set_version(2)
+    await client.set_version(3)
+    ok = group_to_proto(make_group("ok", version=5))
+    assert await _put_code(client, ok) == grpc.StatusCode.OK
+    for gid, v in [("six", 6), ("huge", 2**62)]:
+        assert await _put_code(client, group_to_proto(make_group(gid, version=v))) == (
+            grpc.StatusCode.INVALID_ARGUMENT
+        )
+    s = await client.stats()
+    assert (s.put_total, s.dropped_total["invalid"], s.pending) == (3, 2, 1) and s.invariant_ok
+    assert _refused(service, "Put", "group.versions") == 2
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("bad", BAD_IDS)
+async def test_bad_ids_are_refused_everywhere(make_buffer: BufferFactory, bad: str) -> None:
+    service, client = await make_buffer()
+    stub = _stub(client)
+    group = group_to_proto(make_group("g"))
+    group.group_id = bad
+    for t in group.trajectories:
+        t.group_id = bad
+    assert await _put_code(client, group) == grpc.StatusCode.INVALID_ARGUMENT
+    calls = [
+        stub.Claim(buffer_pb2.ClaimRequest(consumer_id=bad, n_groups=1)),
+        stub.Ack(buffer_pb2.AckRequest(group_ids=["fine", bad])),
+        stub.ReadGroup(buffer_pb2.ReadGroupRequest(group_id=bad)),
+    ]
+    if bad:  # optional ids may be empty
+        calls += [
+            stub.SetVersion(buffer_pb2.SetVersionRequest(version=1, request_id=bad)),
+            stub.ReserveCapacity(buffer_pb2.ReserveCapacityRequest(count=1, rollout_id=bad)),
+            stub.ReleaseCapacity(buffer_pb2.ReleaseCapacityRequest(reservation_ids=[bad])),
+        ]
+    for call in calls:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await call
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    s = await client.stats()
+    # The refused put is counted once as dropped{invalid}, under no key.
+    assert (s.put_total, s.dropped_total["invalid"], s.pending) == (1, 1, 0) and s.invariant_ok
+    assert _refused(service, "Put", "group_id") == 1
+    assert _refused(service, "Claim", "consumer_id") == 1
+    assert await client.get_version() == 0
+
+
+def _is_id(s: str) -> bool:
+    """The issue's rule, spelled independently of validate.id_problem: no control, format,
+    unassigned, private-use or surrogate character (Unicode category C*), no separator
+    (Z*, spaces and line breaks), at most 256 UTF-8 bytes, not empty."""
+    return (
+        0 < len(s.encode("utf-8", "surrogatepass")) <= 256
+        and all(unicodedata.category(c)[0] not in "CZ" for c in s)
+        and not any(c in "\t\n\v\f\r\x1c\x1d\x1e\x1f\x85" for c in s)
+    )
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+async def test_ledger_holds_over_any_ids_and_versions(make_buffer: BufferFactory) -> None:
+    """Property (hypothesis, real redis-server): whatever ids and versions producers send,
+    put = acked + dropped + pending + in_flight after every call, exactly the well-formed
+    puts are stored, and a claim (and its retry) hands back every stored group."""
+    eta = 1000  # large, so that no stored group turns stale at claim as the version moves
+    service, client = await make_buffer(
+        buffer={"max_stored_groups": 100_000}, rollout={"max_head_offpolicyness": eta}
+    )
+    await client.set_version(1)
+    channel = make_sync_channel(service.address)
+    stub = buffer_pb2_grpc.BufferServiceStub(channel)
+    stored: set[str] = set()
+    current = [1]
+
+    @settings(max_examples=150, deadline=None, database=None)
+    @given(
+        gid=st.one_of(st.text(min_size=0, max_size=80), st.text(min_size=250, max_size=260)),
+        version=st.one_of(st.integers(-3, eta + 10), st.integers(0, 2**63 - 1)),
+        new_version=st.one_of(st.integers(-1, 5), st.integers(0, 2**63 - 1)),
+    )
+    def one_put(gid: str, version: int, new_version: int) -> None:
+        msg = group_to_proto(make_group("g", version=version))
+        msg.group_id = gid
+        for i, t in enumerate(msg.trajectories):
+            t.group_id, t.trajectory_id = gid, f"t{i}"
+        try:
+            resp = stub.Put(buffer_pb2.PutRequest(group=msg))
+            code = grpc.StatusCode.OK
+        except grpc.RpcError as err:
+            code = err.code()
+        well_formed = _is_id(gid) and 0 <= version <= current[0] + eta + 1
+        assert code == (grpc.StatusCode.OK if well_formed else grpc.StatusCode.INVALID_ARGUMENT)
+        if code == grpc.StatusCode.OK and resp.result == buffer_pb2.ADMISSION_RESULT_ADMITTED:
+            stored.add(gid)
+        try:  # a hostile SetVersion moves the version by one step at most
+            stub.SetVersion(buffer_pb2.SetVersionRequest(version=new_version))
+        except grpc.RpcError as err:
+            assert err.code() in (
+                grpc.StatusCode.INVALID_ARGUMENT,
+                grpc.StatusCode.FAILED_PRECONDITION,
+            )
+        if new_version == current[0] + 1:
+            current[0] += 1
+        assert stub.GetVersion(common_pb2.Empty()).version == current[0]
+        s = stub.Stats(common_pb2.Empty())
+        assert s.invariant_ok
+        assert s.put_total == s.acked_total + sum(s.dropped_total.values()) + s.pending + (
+            s.in_flight
+        )
+
+    try:
+        await asyncio.to_thread(one_put)
+    finally:
+        channel.close()
+    n = len(stored)
+    first = await client.claim(n, consumer_id="t", request_id="c1", allow_partial=True)
+    again = await client.claim(n, consumer_id="t", request_id="c1", allow_partial=True)
+    assert set(first.group_ids) == stored and set(again.group_ids) == stored
+    s = await client.stats()
+    assert s.invariant_ok and s.in_flight == len(stored)
