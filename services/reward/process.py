@@ -124,6 +124,25 @@ def describe_exit(returncode: int | None) -> str:
     return f"exit code {returncode}"
 
 
+CREDENTIAL_MARKERS = ("TOKEN", "PASSWORD", "SECRET", "CREDENTIAL", "API_KEY", "TLS_KEY")
+"""A `FLYWHEEL_*` variable whose name holds one of these is a credential (the services'
+bearer tokens, the Redis password, the TLS private key's path)."""
+
+CREDENTIAL_VARIABLES = frozenset({"REDIS_PASSWORD", "REDISCLI_AUTH", "SGLANG_API_KEY"})
+"""Credentials of the services around Flywheel that a reward worker has no use for."""
+
+
+def worker_environment(environ: dict[str, str]) -> dict[str, str]:
+    """`environ` without Flywheel's credentials: user reward code runs with none of them, so
+    a reward function cannot call the buffer, the trainer or Redis as the service could."""
+    return {
+        name: value
+        for name, value in environ.items()
+        if name not in CREDENTIAL_VARIABLES
+        and not (name.startswith("FLYWHEEL_") and any(m in name for m in CREDENTIAL_MARKERS))
+    }
+
+
 async def spawn_worker(
     *,
     memory_bytes: int,
@@ -136,8 +155,9 @@ async def spawn_worker(
 
     The worker leads its own session (so a kill reaches everything it forked), imports the
     project from PROJECT_ROOT whatever the service's cwd, and sees the service's sys.path
-    (user functions importable here are importable there)."""
-    env = dict(os.environ)
+    (user functions importable here are importable there), but none of its credentials
+    (`worker_environment`)."""
+    env = worker_environment(dict(os.environ))
     env["PYTHONPATH"] = os.pathsep.join(
         [PROJECT_ROOT, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])]
     )

@@ -64,3 +64,44 @@ def test_describe_exit() -> None:
     assert describe_exit(7) == "exit code 7"
     assert describe_exit(-9) == "killed by SIGKILL"
     assert describe_exit(None) == "still running"
+
+
+async def test_user_reward_code_sees_no_flywheel_credential(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Issue 24: the worker inherited FLYWHEEL_TOKEN (and whatever the service had).
+    secrets = {
+        "FLYWHEEL_TOKEN": "tok-shared-1",
+        "FLYWHEEL_TOKEN_TRAINER": "tok-trainer-2",
+        "FLYWHEEL_REDIS_PASSWORD": "redis-pw-3",
+        "FLYWHEEL_CREDENTIALS": "creds-4",
+        "FLYWHEEL_TLS_KEY": "/etc/flywheel/tls/tls.key-5",
+        "REDIS_PASSWORD": "redis-pw-6",
+    }
+    for name, value in {**secrets, "FLYWHEEL_HARMLESS": "visible-7"}.items():
+        monkeypatch.setenv(name, value)
+    probe = "tests.reward.env_probe:sees"
+    worker = await spawn_worker(memory_bytes=1 << 30, cpu_seconds=0, preload=(probe,))
+    try:
+        answers = [*secrets.values(), "visible-7"]
+        items = [
+            {
+                "id": i,
+                "fn": probe,
+                "prompt": "",
+                "completion": "",
+                "prompt_ids": [],
+                "completion_ids": [],
+                "answer": a,
+                "kwargs": {},
+            }
+            for i, a in enumerate(answers)
+        ]
+        worker.send(encode_frame({"op": "score", "items": items}))
+        results = [await worker.recv() for _ in answers]
+    finally:
+        await worker.kill()
+    # Every credential is gone; the control variable shows the probe does see the env.
+    assert [(r["status"], r["reward"]) for r in results] == [("OK", 0.0)] * len(secrets) + [
+        ("OK", 1.0)
+    ]
