@@ -49,7 +49,9 @@ WAIT_WARN = 0.9
 TREND_Z = 2.0
 """Standard errors a change in reward must exceed to count as rising (or falling)."""
 TREND_MIN_STEPS = 9
-"""Fewer steps (and no evaluation before and after) cannot show a trend."""
+"""Fewer steps cannot show a trend in the training reward (thirds of 3 steps)."""
+FLAT_MIN_STEPS = 20
+"""A run shorter than this that did not rise significantly is too short to call flat."""
 
 
 @dataclass
@@ -564,7 +566,7 @@ def reward_trend(ev: Evidence) -> Check:
         se = math.sqrt(statistics.variance(a) / k + statistics.variance(b) / k) or 1e-9
         z = (statistics.fmean(b) - statistics.fmean(a)) / se
         nums.update(train_first=_r(statistics.fmean(a)), train_last=_r(statistics.fmean(b)))
-        nums["train_z"] = _r(z, 2)
+        nums["train_z"] = _r(z, 3)
         zs.append(z)
         parts.append(f"task_reward {nums['train_first']} -> {nums['train_last']} (z {z:+.1f})")
     evals = [e for e in ev.evals if e.get("accuracy") is not None]
@@ -575,7 +577,7 @@ def reward_trend(ev: Evidence) -> Check:
         if n0 and n1:
             se = math.sqrt(p0 * (1 - p0) / n0 + p1 * (1 - p1) / n1) or 1e-9
             z = (p1 - p0) / se
-            nums.update(eval_first=p0, eval_last=p1, eval_n=n1, eval_z=_r(z, 2))
+            nums.update(eval_first=p0, eval_last=p1, eval_n=n1, eval_z=_r(z, 3))
             zs.append(z)
             parts.append(f"held-out accuracy {p0:.3f} -> {p1:.3f} over {n1} (z {z:+.1f})")
     if not zs:
@@ -595,6 +597,14 @@ def reward_trend(ev: Evidence) -> Check:
             summary,
             "reward falls: switch to synchronous RL (rollout.max_head_offpolicyness 0) to "
             "rule out off-policyness, then lower the learning rate",
+            nums,
+        )
+    if len(ev.records) < FLAT_MIN_STEPS:
+        return Check(
+            name,
+            "n/a",
+            f"{summary}: {len(ev.records)} steps, too short to call it flat",
+            "",
             nums,
         )
     return Check(
