@@ -154,6 +154,14 @@ def exported_names(service: str) -> set[str]:
                     reservations_expired=0,
                 )
             )
+        if service == "trainer":
+            # Statistic gauges are absent until a step sets them: one step sets them all.
+            from services.trainer.metrics import NAMED_STATS
+
+            stats = dict.fromkeys(NAMED_STATS, 1.0)
+            instance.observe_step(
+                {"version": 1, "step_seconds": 0.1, "tokens_per_second": 1.0, "stats": stats}
+            )
         names |= registry_families(registry)
     return names
 
