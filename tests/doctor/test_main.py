@@ -1,0 +1,105 @@
+"""`flywheel doctor RUN_DIR [--json]` as a user runs it: the report, the exit status, and a
+live run whose services are scraped over HTTP (the rollout's and reward service's own
+metrics classes, served by prometheus_client on loopback)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, start_http_server
+
+from services.cli import main
+from services.reward.metrics import RewardMetrics
+from services.rollout.metrics import RolloutMetrics
+from tests.doctor.runs import make_run
+
+
+def test_a_healthy_run_prints_every_check_and_exits_0(tmp_path: Path, capsys):
+    run = make_run(tmp_path)
+    assert main(["doctor", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == f"flywheel doctor: {run} (finished, 30 steps)"
+    for name in ("importance_weight", "behave_imp_weight", "no_eos_ratio", "reward_trend"):
+        assert any(line.startswith("PASS") and name in line for line in out.splitlines()), out
+    assert out.splitlines()[-1] == "verdict: pass (10 pass, 0 warn, 0 fail, 1 n/a)"
+
+
+def test_a_warning_exits_1_and_a_failure_exits_2_with_json(tmp_path: Path, capsys):
+    warn = make_run(tmp_path / "w", per_step=lambda i: {"stats": {"no_eos_ratio": 0.06}})
+    assert main(["doctor", str(warn)]) == 1
+    fail = make_run(tmp_path / "f", per_step=lambda i: {"stats": {"no_eos_ratio": 0.5}})
+    capsys.readouterr()
+    assert main(["doctor", str(fail), "--json"]) == 2
+    report = json.loads(capsys.readouterr().out)
+    assert report["verdict"] == "fail" and report["steps"] == 30 and not report["live"]
+    check = {c["name"]: c for c in report["checks"]}["no_eos_ratio"]
+    assert check["status"] == "fail" and check["numbers"]["recent_mean"] == 0.5
+
+
+def test_a_directory_that_is_no_run_exits_2(tmp_path: Path, capsys):
+    assert main(["doctor", str(tmp_path)]) == 2
+    assert "not a run directory" in capsys.readouterr().err
+    assert main(["doctor", str(tmp_path / "missing")]) == 2
+
+
+@pytest.fixture
+def live_services(tmp_path: Path) -> Iterator[tuple[RolloutMetrics, RewardMetrics, dict]]:
+    rollout, reward = RolloutMetrics(), RewardMetrics(CollectorRegistry())
+    servers = [
+        start_http_server(0, addr="127.0.0.1", registry=m.registry) for m in (rollout, reward)
+    ]
+    ports = [s.server_port for s, _ in servers]
+    addresses = {
+        "reward": {"grpc": "127.0.0.1:1", "metrics": f"http://127.0.0.1:{ports[1]}/metrics"},
+        "rollout": [{"grpc": "127.0.0.1:1", "metrics": f"http://127.0.0.1:{ports[0]}/metrics"}],
+        # a trainer that does not answer: named, the rest still judged
+        "trainer": {"grpc": "127.0.0.1:1", "metrics": "http://127.0.0.1:1/metrics"},
+    }
+    try:
+        yield rollout, reward, addresses
+    finally:
+        for server, thread in servers:
+            server.shutdown()
+            server.server_close()
+            thread.join()
+
+
+def test_a_live_run_whose_reward_service_stalls_fails_on_timeouts(
+    tmp_path: Path, live_services, capsys
+):
+    rollout, reward, addresses = live_services
+    # 100 completions, 30 of which the reward service timed out on (30% > 10%: fail)
+    for i in range(100):
+        rollout.observe_completion("stop")
+        status = "TIMEOUT" if i < 30 else "OK"
+        reward.result("gsm8k", status)
+        if status != "OK":
+            rollout.reward_failures.labels(status=status).inc()
+    rollout.observe_update("disk", True, 0.1, 0.01)
+    run = make_run(tmp_path, summary=False)
+    (run / "services.json").write_text(json.dumps(addresses))
+    assert main(["doctor", str(run), "--json"]) == 2
+    report = json.loads(capsys.readouterr().out)
+    assert report["live"] and report["unreachable"] == ["trainer"]
+    check = {c["name"]: c for c in report["checks"]}["reward_failures"]
+    assert check["status"] == "fail"
+    assert check["numbers"]["failures_by_status"] == {"TIMEOUT": 30.0}
+    assert check["numbers"]["completions"] == 100.0
+    assert check["numbers"]["reward_results_by_status"] == {"TIMEOUT": 30.0, "OK": 70.0}
+    assert "time out" in check["advice"]
+    sync = {c["name"]: c for c in report["checks"]}["weight_sync"]
+    assert sync["status"] == "pass" and sync["numbers"]["replica_updates_by_result"] == {"ok": 1.0}
+
+
+def test_a_live_replica_refusing_an_update_fails_weight_sync(tmp_path: Path, live_services, capsys):
+    rollout, _, addresses = live_services
+    rollout.observe_update("disk", True, 0.1, 0.01)
+    rollout.observe_update("disk", False, 0.1, 0.0)  # e.g. a checksum mismatch
+    run = make_run(tmp_path, summary=False)
+    (run / "services.json").write_text(json.dumps(addresses))
+    assert main(["doctor", str(run)]) == 2
+    out = capsys.readouterr().out
+    assert "FAIL  weight_sync" in out and "refused 1" in out
