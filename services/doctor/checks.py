@@ -154,7 +154,7 @@ def behave_imp_weight(ev: Evidence) -> Check:
         else "no rejection_sampling"
     )
     tok_max = ev.stat("behave_imp_weight/max")
-    filtered = ev.stat("rs_filtered_fraction")
+    filtered = ev.stat("rs_filtered_fraction") or ev.stat("behave_filtered_ratio/avg")
     dev = max(abs(x - 1.0) for x in w)
     nums: dict[str, Any] = {
         "mean": _r(statistics.fmean(w)),
@@ -294,7 +294,13 @@ def reward_variance(ev: Evidence) -> Check:
         f"(ratio {ratio:.2f}); mean {m:.3f} over {len(rew)} steps"
     )
     status: Status = "pass" if ratio <= NOISE_WARN else "warn" if ratio <= NOISE_FAIL else "fail"
-    if status != "pass":
+    if bound == 0:
+        status = "warn"
+        advice = (
+            f"every reward is {m:g}: no group carries a learning signal (see no_eos_ratio "
+            "and reward_failures; evaluate the starting model)"
+        )
+    elif status != "pass":
         advice = (
             "the reward swings more than sampling explains: the policy oscillates; lower "
             "the learning rate or raise rollout.consumer_batch_size"

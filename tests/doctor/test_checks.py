@@ -255,3 +255,11 @@ def test_verdict_is_the_worst_check():
     assert checks.verdict([c("pass"), c("n/a")]) == "pass"
     assert checks.verdict([c("pass"), c("warn"), c("n/a")]) == "warn"
     assert checks.verdict([c("warn"), c("fail")]) == "fail"
+
+
+def test_a_reward_that_never_moves_from_zero_warns_no_signal(tmp_path: Path):
+    # What a truncating tiny run shows: every completion cut at max_new_tokens scores 0.
+    run = make_run(tmp_path, per_step=lambda i: {"p": 0.0})
+    c = by_name(run)["task_reward_variance"]
+    assert c.status == "warn" and c.numbers["sampling_bound_std"] == 0.0
+    assert "no group carries a learning signal" in c.advice
