@@ -521,3 +521,40 @@ def test_the_prepare_job_writes_what_the_config_map_names(rendered, tmp_path):
         assert Path(path.replace("/data/shared", str(shared))).exists(), path
     marker = args[args.index("--out") + 1]
     assert Path(marker).is_file()
+
+
+def test_the_trainer_pod_of_a_completed_run_exits_0_at_once(helm_check, tmp_path):
+    """The trainer container exactly as the chart renders it (command, args with
+    `$(POD_INDEX)` expanded, the ConfigMap's file; the shared volume at a temporary
+    folder), started on a run that already reached total_train_steps: it exits 0 before
+    loading anything, so its Job index completes instead of training the run again."""
+    import os
+    import subprocess
+    import sys
+
+    from services.common.config import load_config
+    from services.trainer.lifecycle import write_completion
+    from services.trainer.paths import RunPaths
+
+    objects = helm_check.render({"config": {"total_train_steps": 5}})
+    text = one(objects, "ConfigMap", "flywheel-config")["data"]["flywheel.yaml"]
+    shared = tmp_path / "shared"
+    (tmp_path / "flywheel.yaml").write_text(text.replace("/data/shared", str(shared)))
+    cfg = load_config(str(tmp_path / "flywheel.yaml"))
+    write_completion(
+        RunPaths.from_config(cfg), step=5, version=5, total_train_steps=5, checkpoint=None
+    )
+    c = containers(trainer_job(objects))[0]
+    env = helm_check.container_env(c, "flywheel-trainer-0-x", 0)
+    args = [helm_check.expand(a, env).replace("/etc/flywheel", str(tmp_path)) for a in c["args"]]
+    assert c["command"][0] == "python"  # the image's interpreter; this venv's here
+    result = subprocess.run(
+        [sys.executable, *c["command"][1:], *args],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "run already completed at step 5" in result.stdout + result.stderr
