@@ -614,6 +614,51 @@ def iter_weight_chunks(
         raise WeightsError("no tensors to send")
 
 
+DEFAULT_MAX_WEIGHT_BYTES = 64 << 30
+"""Cap of one weight update a receiver accepts unless told otherwise (64 GiB: a 32B model in
+bf16); see `rollout.max_weight_bytes`."""
+
+
+def check_update_size(
+    manifest: WeightManifest, specs: Sequence[TensorSpec] | None, max_bytes: int
+) -> None:
+    """Raise WeightsError unless an update announced by `manifest` (and `specs`, when the
+    transport sends them up front) is bounded: total_bytes > 0, at most `max_bytes`, and
+    equal to the sum of the specs' sizes. Every transport checks this before it allocates."""
+    total = manifest.total_bytes
+    if total <= 0:
+        raise WeightsError(f"manifest total_bytes={total}: an update must announce its size")
+    if total > max_bytes:
+        raise WeightsError(
+            f"manifest total_bytes={total} exceeds the limit {max_bytes} (rollout.max_weight_bytes)"
+        )
+    if specs is not None:
+        announced = sum(spec.nbytes for spec in specs)
+        if announced != total:
+            raise WeightsError(
+                f"the tensor specs hold {announced} bytes, the manifest's total_bytes is {total}"
+            )
+
+
+def check_weights_dir(directory: str | os.PathLike[str], max_bytes: int) -> WeightManifest:
+    """The manifest of a weights directory, after checking that it and the files it names
+    are within `max_bytes` (before any file is read into memory)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise WeightsError(f"weights directory {directory} does not exist")
+    manifest = read_manifest(directory)
+    check_update_size(manifest, None, max_bytes)
+    files = [directory / f for f in manifest.files] or sorted(directory.glob("*.safetensors"))
+    on_disk = sum(f.stat().st_size for f in files if f.is_file())
+    # safetensors adds a JSON header per file: allow it, not a second model.
+    if on_disk > max_bytes + (1 << 20) * max(1, len(files)):
+        raise WeightsError(
+            f"{directory} holds {on_disk} bytes of weights, above "
+            f"rollout.max_weight_bytes={max_bytes}"
+        )
+    return manifest
+
+
 class WeightAssembler:
     """Receiver side of `iter_weight_chunks`: add chunks in order, then `finish()`.
 
@@ -621,10 +666,11 @@ class WeightAssembler:
     anything else (gap, overrun, changed dtype/shape, missing manifest) raises at once.
     """
 
-    def __init__(self, max_total_bytes: int | None = None) -> None:
+    def __init__(self, max_total_bytes: int = DEFAULT_MAX_WEIGHT_BYTES) -> None:
         self.manifest: WeightManifest | None = None
         self.request_id = ""
         self._max_total = max_total_bytes
+        self._announced = 0  # sum of the sizes of the tensors seen so far
         self._tensors: dict[str, bytearray] = {}
         self._specs: dict[str, TensorSpec] = {}
         self._current: str | None = None
@@ -634,13 +680,10 @@ class WeightAssembler:
         if self.manifest is None:
             if not chunk.HasField("manifest"):
                 raise WeightsError("the first weight chunk must carry the manifest")
-            self.manifest = WeightManifest.from_proto(chunk.manifest)
+            manifest = WeightManifest.from_proto(chunk.manifest)
+            check_update_size(manifest, None, self._max_total)
+            self.manifest = manifest
             self.request_id = chunk.request_id
-            limit = self._max_total
-            if limit is not None and self.manifest.total_bytes > limit:
-                raise WeightsError(
-                    f"manifest total_bytes={self.manifest.total_bytes} exceeds the limit {limit}"
-                )
         name = chunk.name
         if not name:
             raise WeightsError("weight chunk without a tensor name")
@@ -648,6 +691,12 @@ class WeightAssembler:
             if name in self._tensors:
                 raise WeightsError(f"chunks of tensor {name!r} are not contiguous in the stream")
             spec = TensorSpec.from_proto(chunk)
+            self._announced += spec.nbytes
+            if self._announced > self.manifest.total_bytes:
+                raise WeightsError(
+                    f"the tensors' shapes hold more than the manifest's total_bytes="
+                    f"{self.manifest.total_bytes}"
+                )
             self._specs[name] = spec
             self._tensors[name] = bytearray()
             self._current = name
@@ -662,7 +711,7 @@ class WeightAssembler:
         if len(buf) + len(chunk.data) > spec.nbytes:
             raise WeightsError(f"tensor {name!r}: more bytes than its shape holds ({spec.nbytes})")
         self._received += len(chunk.data)
-        if self.manifest.total_bytes and self._received > self.manifest.total_bytes:
+        if self._received > self.manifest.total_bytes:
             raise WeightsError(
                 f"stream carries more than the manifest's total_bytes={self.manifest.total_bytes}"
             )
@@ -672,6 +721,7 @@ class WeightAssembler:
         """Tensors and manifest, after checking completeness and checksum."""
         if self.manifest is None:
             raise WeightsError("empty weight stream: no manifest received")
+        check_update_size(self.manifest, list(self._specs.values()), self._max_total)
         out: dict[str, torch.Tensor] = {}
         for name, buf in self._tensors.items():
             spec = self._specs[name]

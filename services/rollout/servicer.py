@@ -17,7 +17,15 @@ from typing import Any
 import grpc
 
 from flywheel_proto.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
-from services.common.weights import TensorSpec, WeightAssembler, WeightManifest, WeightsError
+from services.common.weights import (
+    DEFAULT_MAX_WEIGHT_BYTES,
+    TensorSpec,
+    WeightAssembler,
+    WeightManifest,
+    WeightsError,
+    check_update_size,
+    check_weights_dir,
+)
 from services.rollout.data.datasets import DatasetError, render_prompt
 from services.rollout.engine.base import InferenceEngine
 from services.rollout.metrics import RolloutMetrics
@@ -42,7 +50,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         metrics: RolloutMetrics,
         loop: Any = None,
         set_serving: Callable[[bool], None] = lambda serving: None,
-        max_weight_bytes: int = 1 << 40,
+        max_weight_bytes: int = DEFAULT_MAX_WEIGHT_BYTES,
         dedup_entries: int = 256,
     ) -> None:
         self.engine = engine
@@ -151,6 +159,10 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         if transport == "disk":
             if not request.path:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "path is required for disk")
+            try:  # the directory's own manifest and files are what gets loaded
+                await asyncio.to_thread(check_weights_dir, request.path, self.max_weight_bytes)
+            except (WeightsError, OSError) as exc:
+                return self._refused_update("disk", exc, time.perf_counter())
 
             async def run() -> UpdateResult:
                 return await self.engine.update_weights_from_disk(request.path, manifest)
@@ -165,6 +177,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "bucket_bytes must be >= 0")
             try:
                 specs = [TensorSpec.from_proto(s) for s in request.specs]
+                assert manifest is not None
+                check_update_size(manifest, specs, self.max_weight_bytes)
             except WeightsError as exc:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             assert manifest is not None
@@ -187,12 +201,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                 assembler.add(chunk)
             tensors, manifest = await asyncio.to_thread(assembler.finish)
         except WeightsError as exc:
-            self.engine.stats.weight_updates_failed += 1
-            self.engine.stats.last_update_error = f"grpc: {exc}"
-            self.metrics.observe_update("grpc", False, 0.0, 0.0)
-            return UpdateResult(
-                False, self.engine.version, f"grpc: {exc}", 0.0, time.perf_counter() - t0
-            ).to_proto()
+            return self._refused_update("grpc", exc, t0)
 
         async def run() -> UpdateResult:
             r = await self.engine.update_weights_from_tensors(tensors, manifest, verified=True)
@@ -201,6 +210,15 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
 
         result = await self._dedup(assembler.request_id, lambda: self._updating("grpc", run))
         return result.to_proto()
+
+    def _refused_update(self, transport: str, exc: Exception, t0: float) -> Any:
+        """An update refused before it reached the engine: ok=false with the reason."""
+        self.engine.stats.weight_updates_failed += 1
+        self.engine.stats.last_update_error = f"{transport}: {exc}"
+        self.metrics.observe_update(transport, False, 0.0, 0.0)
+        return UpdateResult(
+            False, self.engine.version, f"{transport}: {exc}", 0.0, time.perf_counter() - t0
+        ).to_proto()
 
     async def InitWeightsGroup(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:

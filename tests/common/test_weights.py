@@ -15,6 +15,8 @@ from services.common.weights import (
     WeightAssembler,
     WeightManifest,
     WeightsError,
+    check_update_size,
+    check_weights_dir,
     flatten_bucket,
     iter_weight_chunks,
     load_weights,
@@ -193,3 +195,55 @@ def test_assembler_refuses_gaps_reorders_tampering_and_partial_streams() -> None
     big = WeightAssembler(max_total_bytes=100)
     with pytest.raises(WeightsError, match="exceeds the limit"):
         big.add(chunks[0])  # manifest says 106 bytes
+
+
+def _stream_of(n_bytes: int, total_bytes: int) -> list[object]:
+    ts = {"w": torch.zeros(n_bytes, dtype=torch.uint8)}
+    m = make_manifest(ts, 1)
+    m = WeightManifest(m.version, m.checksum, m.num_tensors, total_bytes)
+    return list(iter_weight_chunks(ts, m, chunk_bytes=1 << 20))
+
+
+def test_a_stream_that_announces_no_size_is_refused_at_its_first_chunk() -> None:
+    # Issue 24: with total_bytes = 0 the assembler took 8 MiB under a 1 MiB cap.
+    chunks = _stream_of(8 << 20, total_bytes=0)
+    asm = WeightAssembler(max_total_bytes=1 << 20)
+    with pytest.raises(WeightsError, match="must announce its size"):
+        asm.add(chunks[0])
+
+
+def test_a_stream_is_capped_by_default_and_by_its_own_total() -> None:
+    # No cap given: the 64 GiB default still applies (a manifest claiming 1 TiB is refused).
+    with pytest.raises(WeightsError, match="exceeds the limit"):
+        WeightAssembler().add(_stream_of(16, total_bytes=1 << 40)[0])
+    # A manifest that under-announces: the shapes hold 2 MiB, the manifest says 1 MiB.
+    asm = WeightAssembler(max_total_bytes=8 << 20)
+    with pytest.raises(WeightsError, match="shapes hold more than"):
+        asm.add(_stream_of(2 << 20, total_bytes=1 << 20)[0])
+    # Over-announcing (total above the sum of the specs) is refused at the end.
+    asm = WeightAssembler(max_total_bytes=8 << 20)
+    for c in _stream_of(1 << 20, total_bytes=2 << 20):
+        asm.add(c)
+    with pytest.raises(WeightsError, match="tensor specs hold 1048576 bytes"):
+        asm.finish()
+
+
+def test_check_update_size_for_transports_that_send_specs_first() -> None:
+    ts = sample_tensors()
+    m = make_manifest(ts, 3)  # 106 bytes (see test_chunks_reassemble_bit_identical)
+    specs = tensor_specs(ts)
+    check_update_size(m, specs, 106)
+    with pytest.raises(WeightsError, match="exceeds the limit"):
+        check_update_size(m, specs, 105)
+    with pytest.raises(WeightsError, match="tensor specs hold 48 bytes"):
+        check_update_size(m, [s for s in specs if s.name == "b.weight"], 1000)
+    with pytest.raises(WeightsError, match="announce its size"):
+        check_update_size(WeightManifest(3, m.checksum, 4, 0), specs, 1000)
+
+
+def test_check_weights_dir_bounds_the_directory_before_reading(tmp_path: Path) -> None:
+    ts = sample_tensors()
+    save_weights(tmp_path / "v1", ts, 1)
+    assert check_weights_dir(tmp_path / "v1", 106).version == 1
+    with pytest.raises(WeightsError, match="exceeds the limit"):
+        check_weights_dir(tmp_path / "v1", 105)

@@ -86,3 +86,51 @@ async def test_pause_resume_stats_and_version(served) -> None:  # noqa: ANN001
     assert not stats.paused and stats.tokens_generated == 3 and stats.requests_in_flight == 0
     assert stats.checksum == engine.checksum != ""
     assert len(res.completions[0].output_ids) == 3
+
+
+async def test_every_weight_transport_is_capped(engine, tmp_path) -> None:  # noqa: ANN001
+    """Issue 24: StreamWeights had a fixed 1 TiB cap and none at total_bytes = 0 (8 MiB passed
+    a 1 MiB cap). Now `rollout.max_weight_bytes` bounds the gRPC stream, the distributed
+    update and the disk update, and total_bytes must be > 0 and the sum of the specs."""
+    from flywheel_proto.v1 import rollout_pb2_grpc
+    from services.common.grpc_server import ServiceServer
+    from services.common.weights import (
+        WeightManifest,
+        make_manifest,
+        save_weights,
+        tensor_specs,
+    )
+    from services.rollout.client import RolloutClient
+    from services.rollout.metrics import RolloutMetrics
+    from services.rollout.servicer import RolloutServicer
+
+    cap = 1 << 20
+    server = ServiceServer("rollout", service_names=["flywheel.v1.RolloutService"])
+    servicer = RolloutServicer(
+        engine, rollout_id="r", metrics=RolloutMetrics(), max_weight_bytes=cap
+    )
+    rollout_pb2_grpc.add_RolloutServiceServicer_to_server(servicer, server.server)
+    client = RolloutClient(f"127.0.0.1:{await server.start()}", timeout=30)
+    try:
+        big = {"w": torch.zeros(8 << 20, dtype=torch.uint8)}
+        m = make_manifest(big, 1)
+        unsized = WeightManifest(m.version, m.checksum, m.num_tensors, 0)
+        r = await client.stream_weights(big, unsized, chunk_bytes=1 << 20)
+        assert not r.ok and "must announce its size" in r.message
+        r = await client.stream_weights(big, m, chunk_bytes=1 << 20)
+        assert not r.ok and "exceeds the limit 1048576" in r.message
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await client.update_weights_distributed(m, tensor_specs(big))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "exceeds the limit" in err.value.details()
+        lying = WeightManifest(1, m.checksum, 1, 16)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await client.update_weights_distributed(lying, tensor_specs(big))
+        assert "tensor specs hold 8388608 bytes" in err.value.details()
+        on_disk = save_weights(tmp_path / "v1", big, 1)
+        r = await client.update_weights_from_disk(str(tmp_path / "v1"), on_disk)
+        assert not r.ok and "exceeds the limit" in r.message
+        assert engine.version == 0 and engine.stats.weight_updates == 0
+    finally:
+        await client.close()
+        await server.stop(grace=1)
