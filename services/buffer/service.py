@@ -24,6 +24,7 @@ from services.buffer.servicer import BufferServicer, ServicerSettings, register
 from services.buffer.store import RedisStore, StoreSettings, connect
 from services.common.codec import CodecLimits
 from services.common.config import BufferConfig, FlywheelConfig, RolloutConfig
+from services.common.config.services import TLSConfig
 from services.common.grpc_server import ServiceServer
 from services.common.http_app import MetricsServer
 from services.common.metrics import new_registry
@@ -85,6 +86,8 @@ class BufferParts:
     metrics_port: int = 0
     auth_token: str | None = None
     max_message_bytes: int = 64 << 20
+    credentials: dict[str, str] | None = None  # None: from the environment
+    tls: TLSConfig | None = None  # None: from the environment
     local_redis_dir: str | None = None
 
     @classmethod
@@ -101,6 +104,8 @@ class BufferParts:
             metrics_port=ep.metrics_port,
             auth_token=cfg.services.auth_token,
             max_message_bytes=cfg.services.max_message_bytes,
+            credentials=cfg.services.credentials,
+            tls=cfg.services.tls,
             local_redis_dir=str(run_dir / "redis"),
         )
 
@@ -126,6 +131,8 @@ class BufferService:
             max_message_bytes=parts.max_message_bytes,
             auth_token=parts.auth_token,
             service_names=[SERVICE_NAME],
+            credentials=parts.credentials,
+            tls=parts.tls,
         )
         self.http = MetricsServer(
             "buffer",

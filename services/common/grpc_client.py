@@ -30,7 +30,13 @@ from typing import Any, TypeVar
 
 import grpc
 
-from services.common.grpc_server import DEFAULT_MAX_MESSAGE_BYTES, message_size_options
+from services.common.config.services import TLSConfig
+from services.common.grpc_server import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    message_size_options,
+    read_pem,
+    tls_from_env,
+)
 from services.common.outage import PeerHealth
 
 T = TypeVar("T")
@@ -53,6 +59,36 @@ _CHANNEL_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", _MAX_RECONNECT_BACKOFF_MS),
     ("grpc.dns_min_time_between_resolutions_ms", _MAX_RECONNECT_BACKOFF_MS),
 ]
+
+
+_default_tls: TLSConfig | None = None
+
+
+def set_default_tls(tls: TLSConfig | None) -> None:
+    """TLS settings of the channels this process makes without an explicit `tls` (a
+    service's server sets its own; None: back to `FLYWHEEL_TLS_*`)."""
+    global _default_tls
+    _default_tls = tls
+
+
+def _tls(tls: TLSConfig | None) -> TLSConfig:
+    if tls is not None:
+        return tls
+    return _default_tls if _default_tls is not None else tls_from_env()
+
+
+def channel_credentials(tls: TLSConfig) -> grpc.ChannelCredentials:
+    """Client TLS credentials: servers checked against `tls.ca_file` (system roots when
+    unset); this process's certificate presented for mTLS."""
+    return grpc.ssl_channel_credentials(
+        root_certificates=read_pem(tls.ca_file),
+        private_key=read_pem(tls.key_file),
+        certificate_chain=read_pem(tls.cert_file),
+    )
+
+
+def _tls_options(tls: TLSConfig) -> list[tuple[str, Any]]:
+    return [("grpc.ssl_target_name_override", tls.server_name)] if tls.server_name else []
 
 
 class _AuthInterceptor(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.StreamUnaryClientInterceptor):
@@ -116,14 +152,18 @@ def make_channel(
     *,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     auth_token: str | None = None,
+    tls: TLSConfig | None = None,
 ) -> grpc.aio.Channel:
-    """An aio channel whose limits match the servers' (both ends must raise them)."""
+    """An aio channel whose limits match the servers' (both ends must raise them); TLS when
+    `tls` (default: the process's, see `set_default_tls`) is enabled."""
     interceptors = [_AuthInterceptor(auth_token)] if auth_token else None
-    return grpc.aio.insecure_channel(
-        address,
-        options=[*message_size_options(max_message_bytes), *_CHANNEL_OPTIONS],
-        interceptors=interceptors,
-    )
+    tls = _tls(tls)
+    options = [*message_size_options(max_message_bytes), *_CHANNEL_OPTIONS, *_tls_options(tls)]
+    if tls.client_enabled:
+        return grpc.aio.secure_channel(
+            address, channel_credentials(tls), options=options, interceptors=interceptors
+        )
+    return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
 
 
 def make_sync_channel(
@@ -131,11 +171,15 @@ def make_sync_channel(
     *,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     auth_token: str | None = None,
+    tls: TLSConfig | None = None,
 ) -> grpc.Channel:
     """A blocking channel with the same options, for scripts and torch ranks without a loop."""
-    channel = grpc.insecure_channel(
-        address, options=[*message_size_options(max_message_bytes), *_CHANNEL_OPTIONS]
-    )
+    tls = _tls(tls)
+    options = [*message_size_options(max_message_bytes), *_CHANNEL_OPTIONS, *_tls_options(tls)]
+    if tls.client_enabled:
+        channel = grpc.secure_channel(address, channel_credentials(tls), options=options)
+    else:
+        channel = grpc.insecure_channel(address, options=options)
     if auth_token:
         channel = grpc.intercept_channel(channel, _SyncAuthInterceptor(auth_token))
     return channel
@@ -331,12 +375,14 @@ class RetryingClient:
         return self.retries
 
 
-async def wait_for_health(address: str, *, timeout: float = 30.0, service: str = "") -> None:
+async def wait_for_health(
+    address: str, *, timeout: float = 30.0, service: str = "", tls: TLSConfig | None = None
+) -> None:
     """Block until the server at `address` reports SERVING (used to gate start-up order)."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     deadline = time.monotonic() + timeout
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with make_channel(address, tls=tls) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
             try:

@@ -2,7 +2,8 @@
 
 Every service needs the same things around its servicer: `grpc.health.v1` so probes and
 the launcher can gate on readiness, reflection so `grpcurl` works, message limits raised
-above gRPC's 4 MB default (real trajectory groups are larger), an optional bearer token,
+above gRPC's 4 MB default (real trajectory groups are larger), bearer tokens (one shared
+token, or one per caller with the methods that caller may use), TLS or mTLS from PEM files,
 and a SIGTERM path that turns health NOT_SERVING before draining so load balancers stop
 sending work first.
 """
@@ -10,15 +11,19 @@ sending work first.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+
+from services.common.config.services import TLSConfig, credentials_from_env
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +31,57 @@ HEALTH_SERVICE = "grpc.health.v1.Health"
 REFLECTION_SERVICE = "grpc.reflection.v1alpha.ServerReflection"
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
 _UNAUTHENTICATED_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
+
+_BUFFER, _ROLLOUT = "flywheel.v1.BufferService", "flywheel.v1.RolloutService"
+_REWARD, _TRAINER = "flywheel.v1.RewardService", "flywheel.v1.TrainerService"
+_READ_BUFFER = tuple(
+    f"{_BUFFER}/{m}" for m in ("GetVersion", "GetCapacity", "Stats", "ListGroups", "ReadGroup")
+)
+_SCORE = tuple(f"{_REWARD}/{m}" for m in ("Score", "ScoreBatch", "ListFunctions"))
+ROLE_METHODS: dict[str, tuple[str, ...]] = {
+    "admin": ("*",),
+    "trainer": (
+        *_READ_BUFFER,
+        *(f"{_BUFFER}/{m}" for m in ("Claim", "Ack", "SetVersion", "Export")),
+        *(
+            f"{_ROLLOUT}/{m}"
+            for m in ("UpdateWeights", "StreamWeights", "InitWeightsGroup", "Pause", "Resume")
+        ),
+        f"{_ROLLOUT}/GetVersion",
+        f"{_ROLLOUT}/Stats",
+        *_SCORE,  # a reward computed on the trainer side (teacher, evaluation)
+    ),
+    "rollout": (
+        *_READ_BUFFER,
+        *(f"{_BUFFER}/{m}" for m in ("Put", "PutMany", "ReserveCapacity", "ReleaseCapacity")),
+        *_SCORE,
+    ),
+    "launcher": (
+        *_READ_BUFFER,
+        f"{_BUFFER}/Export",
+        *(f"{_ROLLOUT}/{m}" for m in ("Generate", "GetVersion", "Stats", "Pause", "Resume")),
+        *_SCORE,
+        f"{_TRAINER}/*",
+    ),
+}
+"""What each caller named in `services.credentials` may call (`Service/Method`, or
+`Service/*`): rollout puts and scores, only the trainer claims, acks, sets versions and
+sends weights, the launcher (`flywheel run`, evaluation, status) reads, generates for
+evaluation and controls the trainer; admin may call everything. The shared
+`services.auth_token`, when no per-caller credentials are set, may call everything."""
+
+
+def _digest(token: str) -> bytes:
+    """sha256 of `token`; a token written as `sha256:<hex>` is its digest already."""
+    if token.startswith("sha256:"):
+        return bytes.fromhex(token.removeprefix("sha256:"))
+    return hashlib.sha256(token.encode()).digest()
+
+
+def _allows(patterns: Sequence[str], method: str) -> bool:
+    name = method.lstrip("/")
+    service = name.split("/", 1)[0]
+    return any(p == "*" or p == name or p == f"{service}/*" for p in patterns)
 
 
 def message_size_options(max_message_bytes: int) -> list[tuple[str, int]]:
@@ -43,17 +99,52 @@ def message_size_options(max_message_bytes: int) -> list[tuple[str, int]]:
 
 
 class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
-    """Refuses calls without `authorization: Bearer <token>`; health and reflection stay open
-    so that Kubernetes probes (which cannot send headers) keep working."""
+    """Refuses calls without `authorization: Bearer <token>` (UNAUTHENTICATED), and calls
+    of methods the token's role may not use (PERMISSION_DENIED); health and reflection stay
+    open so that Kubernetes probes (which cannot send headers) keep working.
 
-    def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}".encode()
+    `token` alone: the one shared token, allowed everything. `credentials` (`role: token`):
+    each token allowed its role's methods (`ROLE_METHODS`), and `token` is not accepted.
+    Tokens are compared as sha256 digests with `hmac.compare_digest`."""
+
+    def __init__(self, token: str | None = None, credentials: Mapping[str, str] | None = None):
+        if credentials:
+            self._table = [
+                (_digest(t), role, ROLE_METHODS[role]) for role, t in credentials.items()
+            ]
+        elif token:
+            self._table = [(_digest(token), "shared", ("*",))]
+        else:
+            raise ValueError("BearerTokenInterceptor needs a token or credentials")
 
         async def _deny(request: Any, context: grpc.aio.ServicerContext) -> Any:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
 
         self._deny_unary = grpc.unary_unary_rpc_method_handler(_deny)
         self._deny_stream = grpc.stream_unary_rpc_method_handler(_deny)
+
+    def _role(self, value: str | bytes) -> tuple[str, Sequence[str]] | None:
+        raw = value if isinstance(value, bytes) else value.encode()
+        if not raw.startswith(b"Bearer "):
+            return None
+        digest = hashlib.sha256(raw.removeprefix(b"Bearer ")).digest()
+        found = None
+        for expected, role, methods in self._table:  # no early exit: constant time per table
+            if hmac.compare_digest(digest, expected):
+                found = (role, methods)
+        return found
+
+    @staticmethod
+    def _forbidden(role: str, method: str, streaming: bool) -> grpc.RpcMethodHandler:
+        async def _deny(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"the {role} credential may not call {method} (see services.credentials)",
+            )
+
+        if streaming:
+            return grpc.stream_unary_rpc_method_handler(_deny)
+        return grpc.unary_unary_rpc_method_handler(_deny)
 
     async def intercept_service(
         self,
@@ -65,13 +156,42 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
             return await continuation(handler_call_details)
         for key, value in handler_call_details.invocation_metadata or ():
             if key == "authorization":
-                raw = value.encode() if isinstance(value, str) else value
-                if hmac.compare_digest(raw, self._expected):
+                found = self._role(value)
+                if found is None:
+                    continue
+                role, methods = found
+                if _allows(methods, method):
                     return await continuation(handler_call_details)
+                handler = await continuation(handler_call_details)
+                return self._forbidden(
+                    role, method, handler is not None and handler.request_streaming
+                )
         handler = await continuation(handler_call_details)
         if handler is not None and handler.request_streaming:
             return self._deny_stream
         return self._deny_unary
+
+
+def read_pem(path: str | None) -> bytes | None:
+    """The bytes of a PEM file, None for no path."""
+    return Path(path).read_bytes() if path else None
+
+
+def server_credentials(tls: TLSConfig) -> grpc.ServerCredentials:
+    """TLS credentials of a server from `tls`'s PEM files; with `require_client_cert`,
+    clients must present a certificate signed by `tls.ca_file` (mTLS)."""
+    key, cert = read_pem(tls.key_file), read_pem(tls.cert_file)
+    assert key is not None and cert is not None, "TLS needs cert_file and key_file"
+    return grpc.ssl_server_credentials(
+        [(key, cert)],
+        root_certificates=read_pem(tls.ca_file),
+        require_client_auth=tls.require_client_cert,
+    )
+
+
+def tls_from_env() -> TLSConfig:
+    """The process's TLS settings from `FLYWHEEL_TLS_*` (see `services.tls`)."""
+    return TLSConfig()
 
 
 class ServiceServer:
@@ -86,12 +206,28 @@ class ServiceServer:
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         auth_token: str | None = None,
         service_names: Sequence[str] = (),
+        credentials: Mapping[str, str] | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
+        """`credentials` and `tls` default to the environment (`FLYWHEEL_CREDENTIALS`,
+        `FLYWHEEL_TLS_*`), the same defaults as `services.credentials` and `services.tls`;
+        a server given `tls` also makes it the default of this process's clients."""
         self.name = name
         self.host = host
         self.port = port
         self.service_names = list(service_names)
-        interceptors = [BearerTokenInterceptor(auth_token)] if auth_token else []
+        if credentials is None:
+            credentials = credentials_from_env()
+        if tls is None:
+            tls = tls_from_env()
+        else:
+            from services.common import grpc_client
+
+            grpc_client.set_default_tls(tls)
+        self.tls = tls
+        interceptors = (
+            [BearerTokenInterceptor(auth_token, credentials)] if (auth_token or credentials) else []
+        )
         # No SO_REUSEPORT (gRPC sets it by default): a second server started on a taken port
         # would otherwise bind too and silently take half of the new connections.
         self.server = grpc.aio.server(
@@ -110,12 +246,22 @@ class ServiceServer:
 
     async def start(self) -> int:
         """Bind, start and report SERVING; returns the bound port (useful with port=0)."""
-        self.port = self.server.add_insecure_port(f"{self.host}:{self.port}")
+        address = f"{self.host}:{self.port}"
+        if self.tls.enabled:
+            self.port = self.server.add_secure_port(address, server_credentials(self.tls))
+        else:
+            self.port = self.server.add_insecure_port(address)
         if self.port == 0:
             raise RuntimeError(f"{self.name}: could not bind {self.host}")
         await self.server.start()
         self.set_serving(True)
-        log.info("grpc server started", extra={"address": f"{self.host}:{self.port}"})
+        log.info(
+            "grpc server started",
+            extra={
+                "address": f"{self.host}:{self.port}",
+                "tls": "mtls" if self.tls.require_client_cert else self.tls.enabled,
+            },
+        )
         return self.port
 
     def set_serving(self, serving: bool) -> None:

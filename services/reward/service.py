@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from flywheel_proto.v1 import reward_pb2_grpc
 from services.common.config import FlywheelConfig, RewardConfig
+from services.common.config.services import TLSConfig
 from services.common.grpc_server import ServiceServer
 from services.common.http_app import MetricsServer
 from services.common.metrics import new_registry
@@ -36,6 +37,8 @@ class RewardParts:
     metrics_port: int | None = 0  # None: no HTTP side app (tests that only need gRPC)
     auth_token: str | None = None
     max_message_bytes: int = 64 << 20
+    credentials: dict[str, str] | None = None  # None: from the environment
+    tls: TLSConfig | None = None  # None: from the environment
 
     @classmethod
     def from_config(cls, cfg: FlywheelConfig) -> RewardParts:
@@ -47,6 +50,8 @@ class RewardParts:
             metrics_port=ep.metrics_port,
             auth_token=cfg.services.auth_token,
             max_message_bytes=cfg.services.max_message_bytes,
+            credentials=cfg.services.credentials,
+            tls=cfg.services.tls,
         )
 
 
@@ -86,6 +91,8 @@ class RewardService:
             max_message_bytes=parts.max_message_bytes,
             auth_token=parts.auth_token,
             service_names=[SERVICE_NAME],
+            credentials=parts.credentials,
+            tls=parts.tls,
         )
         reward_pb2_grpc.add_RewardServiceServicer_to_server(self.servicer, self.server.server)
         self.http: MetricsServer | None = None

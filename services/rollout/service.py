@@ -93,6 +93,8 @@ class RolloutService:
             max_message_bytes=cfg.services.max_message_bytes,
             auth_token=cfg.services.auth_token,
             service_names=[SERVICE_NAME],
+            credentials=cfg.services.credentials,
+            tls=cfg.services.tls,
         )
         self.loop: Any = None
         self.servicer: RolloutServicer | None = None
@@ -117,6 +119,7 @@ class RolloutService:
             metrics=self.metrics,
             loop=self.loop,
             set_serving=self._set_serving,
+            max_weight_bytes=self.cfg.rollout.max_weight_bytes,
         )
         rollout_pb2_grpc.add_RolloutServiceServicer_to_server(self.servicer, self.server.server)
         self.port = await self.server.start()

@@ -78,6 +78,8 @@ class TrainerService:
                 max_message_bytes=self.cfg.services.max_message_bytes,
                 auth_token=self.cfg.services.auth_token,
                 service_names=names,
+                credentials=self.cfg.services.credentials,
+                tls=self.cfg.services.tls,
             )
             if self.ctx.is_main:
                 trainer_pb2_grpc.add_TrainerServiceServicer_to_server(

@@ -174,3 +174,171 @@ async def test_retry_only_repeats_idempotent_calls():
     with pytest.raises(grpc.aio.AioRpcError):
         await call_with_retry(invalid, None, timeout=1, retries=3, idempotent=True)
     assert calls == 1  # a bad request cannot succeed by repetition
+
+
+# -- TLS, mTLS and per-caller credentials ------------------------------------------------------
+
+
+def _pem_pair(
+    name: str, issuer: tuple[object, object] | None = None, *, ca: bool = False
+) -> tuple[bytes, bytes, object, object]:
+    """(cert PEM, key PEM, cert, key) for `name`, signed by `issuer` (cert, key) or itself."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    issuer_cert, issuer_key = issuer if issuer is not None else (None, key)
+    now = datetime.datetime.now(datetime.UTC)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer_cert.subject if issuer_cert is not None else subject)  # type: ignore[attr-defined]
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+    if not ca:
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
+    cert = builder.sign(issuer_key, hashes.SHA256())  # type: ignore[arg-type]
+    cert_pem = cert.public_bytes(serialization.Encoding.PEM)
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    return cert_pem, key_pem, cert, key
+
+
+@pytest.fixture
+def pki(tmp_path):  # noqa: ANN001, ANN201
+    """A CA, a server and a client certificate (cert-manager's file names), and a TLSConfig
+    factory; the process's default client TLS is put back afterwards."""
+    from services.common import grpc_client
+    from services.common.config.services import TLSConfig
+
+    ca_pem, _, ca_cert, ca_key = _pem_pair("flywheel-test-ca", ca=True)
+    paths = {"ca": tmp_path / "ca.crt"}
+    paths["ca"].write_bytes(ca_pem)
+    for who in ("server", "client"):
+        cert_pem, key_pem, _, _ = _pem_pair(f"flywheel-{who}", (ca_cert, ca_key))
+        (tmp_path / who).mkdir()
+        (tmp_path / who / "tls.crt").write_bytes(cert_pem)
+        (tmp_path / who / "tls.key").write_bytes(key_pem)
+
+    def make(who: str | None, *, mtls: bool = False, with_ca: bool = True) -> TLSConfig:
+        return TLSConfig(
+            cert_file=str(tmp_path / who / "tls.crt") if who else None,
+            key_file=str(tmp_path / who / "tls.key") if who else None,
+            ca_file=str(paths["ca"]) if with_ca else None,
+            require_client_cert=mtls,
+        )
+
+    yield make
+    grpc_client.set_default_tls(None)
+
+
+async def _echo_code(address: str, **channel_kw) -> grpc.StatusCode:  # noqa: ANN003
+    async with make_channel(address, **channel_kw) as ch:
+        try:
+            assert await _echo(ch)(b"ping", timeout=5) == b"ping"
+        except grpc.aio.AioRpcError as err:
+            return err.code()
+    return grpc.StatusCode.OK
+
+
+async def test_tls_serves_tls_clients_and_refuses_plaintext(pki) -> None:  # noqa: ANN001
+    from services.common.config.services import TLSConfig
+
+    srv, address = await _server(tls=pki("server"))
+    try:
+        # A client that trusts the CA (and checks the server's name, 127.0.0.1 here).
+        assert await _echo_code(address, tls=pki(None)) == grpc.StatusCode.OK
+        # Plaintext gRPC to a TLS port gets no answer.
+        assert await _echo_code(address, tls=TLSConfig()) == grpc.StatusCode.UNAVAILABLE
+        # Health stays open to TLS clients, as probes need.
+        from services.common.grpc_client import wait_for_health
+
+        await wait_for_health(address, timeout=10, tls=pki(None))
+    finally:
+        await srv.stop(grace=0.5)
+
+
+async def test_mtls_refuses_a_client_without_a_certificate(pki) -> None:  # noqa: ANN001
+    srv, address = await _server(tls=pki("server", mtls=True))
+    try:
+        assert await _echo_code(address, tls=pki("client")) == grpc.StatusCode.OK
+        assert await _echo_code(address, tls=pki(None)) == grpc.StatusCode.UNAVAILABLE
+    finally:
+        await srv.stop(grace=0.5)
+
+
+def _fake_buffer_handler() -> grpc.GenericRpcHandler:
+    async def echo(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        return request
+
+    h = grpc.unary_unary_rpc_method_handler(echo, _identity, _identity)
+    return grpc.method_handlers_generic_handler(
+        "flywheel.v1.BufferService", {"Put": h, "SetVersion": h}
+    )
+
+
+async def _call(address: str, method: str, token: str | None) -> grpc.StatusCode:
+    async with make_channel(address, auth_token=token) as ch:
+        call = ch.unary_unary(
+            f"/flywheel.v1.BufferService/{method}",
+            request_serializer=_identity,
+            response_deserializer=_identity,
+        )
+        try:
+            await call(b"x", timeout=5)
+        except grpc.aio.AioRpcError as err:
+            return err.code()
+    return grpc.StatusCode.OK
+
+
+async def test_per_caller_credentials_allow_each_role_its_methods() -> None:
+    import hashlib
+
+    trainer_digest = "sha256:" + hashlib.sha256(b"trainer-tok").hexdigest()
+    srv = ServiceServer(
+        "buffer",
+        auth_token="shared-tok",  # this process's own token: not accepted once roles are set
+        credentials={"rollout": "rollout-tok", "trainer": trainer_digest},
+    )
+    srv.server.add_generic_rpc_handlers([_fake_buffer_handler()])
+    address = f"127.0.0.1:{await srv.start()}"
+    try:
+        ok, denied = grpc.StatusCode.OK, grpc.StatusCode.PERMISSION_DENIED
+        assert await _call(address, "Put", "rollout-tok") == ok
+        assert await _call(address, "SetVersion", "rollout-tok") == denied  # only the trainer
+        assert await _call(address, "SetVersion", "trainer-tok") == ok
+        assert await _call(address, "Put", "trainer-tok") == denied
+        for token in ("shared-tok", "wrong", None):
+            assert await _call(address, "Put", token) == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        await srv.stop(grace=0.5)
+
+
+async def test_the_single_shared_token_still_allows_every_method() -> None:
+    srv = ServiceServer("buffer", auth_token="shared-tok", credentials={})
+    srv.server.add_generic_rpc_handlers([_fake_buffer_handler()])
+    address = f"127.0.0.1:{await srv.start()}"
+    try:
+        for method in ("Put", "SetVersion"):
+            assert await _call(address, method, "shared-tok") == grpc.StatusCode.OK
+            assert await _call(address, method, None) == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        await srv.stop(grace=0.5)

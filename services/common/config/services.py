@@ -81,7 +81,7 @@ class TLSConfig(FlywheelModel):
     cert_file: str | None = Field(default_factory=lambda: _env("FLYWHEEL_TLS_CERT"))
     """PEM certificate chain of this service (`tls.crt`); servers present it, clients
     present it too when the server asks for one (mTLS). Set (with `key_file`) to turn TLS
-    on; defaults to `$FLYWHEEL_TLS_CERT`; null: plaintext gRPC."""
+    on; defaults to `$FLYWHEEL_TLS_CERT`; null (and no `ca_file`): plaintext gRPC."""
 
     key_file: str | None = Field(default_factory=lambda: _env("FLYWHEEL_TLS_KEY"))
     """PEM private key of `cert_file` (`tls.key`); defaults to `$FLYWHEEL_TLS_KEY`."""
@@ -104,8 +104,14 @@ class TLSConfig(FlywheelModel):
 
     @property
     def enabled(self) -> bool:
-        """True when servers serve TLS and clients dial with it."""
+        """True when servers serve TLS (cert_file and key_file set)."""
         return bool(self.cert_file and self.key_file)
+
+    @property
+    def client_enabled(self) -> bool:
+        """True when clients dial with TLS: a certificate of their own, or only `ca_file`
+        (a process that calls services but serves none, such as `flywheel status`)."""
+        return self.enabled or bool(self.ca_file)
 
     @model_validator(mode="after")
     def _complete(self) -> TLSConfig:
