@@ -44,6 +44,7 @@ from services.launcher.report import (
     scrape_metrics,
     write_learning_curve,
 )
+from services.launcher.starvation import Snapshot, as_record, diagnose
 from services.rollout.data.datasets import read_rows
 from services.trainer.paths import RunPaths
 
@@ -331,6 +332,10 @@ class LocalRun:
         self.tail = MetricsTail(self.trainer_paths.metrics_jsonl)
         freq = self.cfg.launcher.eval.freq_steps
         last_scrape = last_probe = 0.0
+        self._progress_mark: tuple[int, int] = (-1, -1)
+        self._waiting_since = time.monotonic()
+        self._starve_before: Snapshot | None = None
+        self._starve_next = self.cfg.launcher.starvation_timeout_seconds
         next_eval = freq if freq > 0 else None
         total = self.cfg.total_train_steps
         while True:
@@ -362,6 +367,7 @@ class LocalRun:
                 if total and self.last_step < total:
                     _say(f"trainer stopped (exit 0) at step {self.last_step} of {total}")
                 return 0
+            self._watch_starvation(trainer)
             if time.monotonic() - last_probe >= self.cfg.launcher.liveness_period_seconds:
                 self._kill_the_silent()
                 last_probe = time.monotonic()
@@ -369,6 +375,96 @@ class LocalRun:
                 if not proc.alive() and not (proc is trainer and proc.poll() == 0):
                     self._restart(proc)  # a trainer done since the check above: next round
             time.sleep(1.0)
+
+    def _watch_starvation(self, trainer: ServiceProcess) -> None:
+        """No step for `starvation_timeout_seconds` while the trainer waits for data: name
+        the stage that holds the run (see `starvation.py`), then again every timeout."""
+        timeout = self.cfg.launcher.starvation_timeout_seconds
+        mark = (len(self.tail.records), len(self.tail.superseded))
+        if mark != self._progress_mark:
+            self._progress_mark = mark
+            self._waiting_since = time.monotonic()
+            self._starve_before, self._starve_next = None, timeout
+            (self.run_dir / "starvation.json").unlink(missing_ok=True)
+            return
+        if timeout is None or self._starve_next is None or not trainer.alive():
+            return
+        waited = time.monotonic() - self._waiting_since
+        if self._starve_before is None and waited >= timeout / 2:
+            self._starve_before = self._snapshot()
+        if self._starve_before is None or waited < self._starve_next:
+            return
+        self._starve_next += timeout
+        if self._trainer_phase() != "waiting_for_data":
+            return  # a long step, a checkpoint or a weight push is not starvation
+        now = self._snapshot()
+        verdict = diagnose(
+            self._starve_before, now, batch=self.cfg.rollout.consumer_batch_size, waited_s=waited
+        )
+        (self.run_dir / "starvation.json").write_text(
+            json.dumps(as_record(self._starve_before, now, verdict), indent=1)
+        )
+        self._starve_before = now
+        _say(
+            f"starving: no training step for {waited:.0f}s: {verdict['stage']} "
+            f"({verdict['detail']})"
+        )
+
+    def _trainer_phase(self) -> str | None:
+        from flywheel_proto.v1 import common_pb2, trainer_pb2_grpc
+
+        msg = self._ask(
+            self.cfg.services.trainer.address,
+            lambda ch: trainer_pb2_grpc.TrainerServiceStub(ch).Status(
+                common_pb2.Empty(), timeout=3
+            ),
+        )
+        return None if msg is None else str(msg["phase"])
+
+    def _snapshot(self) -> Snapshot:
+        from flywheel_proto.v1 import buffer_pb2_grpc, common_pb2, rollout_pb2_grpc
+
+        s = self.cfg.services
+        buffer = self._ask(
+            s.buffer.address,
+            lambda ch: buffer_pb2_grpc.BufferServiceStub(ch).Stats(common_pb2.Empty(), timeout=3),
+        )
+        rollouts = {
+            f"rollout-{i}": self._ask(
+                s.rollout.replica_address(i),
+                lambda ch: rollout_pb2_grpc.RolloutServiceStub(ch).Stats(
+                    common_pb2.Empty(), timeout=3
+                ),
+            )
+            for i in range(self.cfg.rollout.n_replicas)
+        }
+        reward = next((p for p in self.procs if p.name == "reward"), None)
+        probe = self.liveness.get("reward")
+        reward_up = reward is not None and reward.alive()
+        if probe is not None:
+            reward_up = (
+                reward_up and probe.silent_for() < 2 * self.cfg.launcher.liveness_period_seconds
+            )
+        return Snapshot(time.time(), buffer, rollouts, reward_up)
+
+    def _ask(self, address: str, call: Any) -> dict[str, Any] | None:
+        """One unary call's answer as a dict, or None when the service does not answer."""
+        import grpc
+        from google.protobuf.json_format import MessageToDict
+
+        from services.common.grpc_client import make_sync_channel
+
+        ch = make_sync_channel(address, auth_token=self.cfg.services.auth_token)
+        try:
+            return MessageToDict(
+                call(ch),
+                preserving_proto_field_name=True,
+                always_print_fields_with_no_presence=True,
+            )
+        except grpc.RpcError:
+            return None
+        finally:
+            ch.close()
 
     def _kill_the_silent(self) -> None:
         """Probe every running service; one silent for `liveness_timeout_seconds` is killed

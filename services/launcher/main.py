@@ -169,7 +169,15 @@ def status_main(argv: list[str]) -> int:
         report[name] = entry
     trainer_up = report["trainer"].get("health") != "UNREACHABLE"
     run = run_summary(run_dir, args.config, args.overrides, trainer_running=trainer_up)
-    print(json.dumps({"run": run, "restarts": _restarts(run_dir), **report}, indent=1))
+    extra: dict[str, object] = {"restarts": _restarts(run_dir)}
+    starvation = run_dir / "starvation.json"
+    if starvation.is_file():  # the launcher's watchdog: the trainer waits for data now
+        try:
+            verdict = json.loads(starvation.read_text())
+            extra["starvation"] = {k: verdict.get(k) for k in ("stage", "detail", "numbers")}
+        except json.JSONDecodeError:  # being written
+            pass
+    print(json.dumps({"run": run, **extra, **report}, indent=1))
     if run["state"] == "completed":
         return 0
     return 0 if all(e.get("health") == "SERVING" for e in report.values()) else 1

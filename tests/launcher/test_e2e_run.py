@@ -125,12 +125,18 @@ def test_run_recovers_when_rollout_is_killed(tmp_path: Path):
     assert int(buffer["acked_total"]) == len(consumed)  # every group trained was acked once
 
 
-def test_a_service_that_keeps_dying_ends_the_run_once_its_restart_budget_is_spent(
+def test_a_starved_trainer_is_diagnosed_and_a_service_dying_too_often_ends_the_run(
     tmp_path: Path,
 ):
-    # launcher.max_restarts=1: the first kill -9 of the buffer is ridden through, the
-    # second within the window ends the run (exit 1) naming the budget, and the launcher
-    # still stops every other service.
+    # One run, two supervision checks (a run costs a minute on two cores):
+    # 1. the reward service is SIGSTOPped: the rollout cannot finish groups, the trainer
+    #    waits for data, and after launcher.starvation_timeout_seconds the watchdog names
+    #    the stage that holds the run (reward) in the output and in starvation.json; after
+    #    SIGCONT the steps resume and starvation.json is gone. (A stopped rollout replica
+    #    would hold the trainer in its weight push instead: not starvation.)
+    # 2. launcher.max_restarts=1: the first kill -9 of the buffer is ridden through, the
+    #    second within the window ends the run (exit 1) naming the budget, and the
+    #    launcher still stops every other service.
     config = small_config(
         tmp_path,
         steps=200,
@@ -138,6 +144,8 @@ def test_a_service_that_keeps_dying_ends_the_run_once_its_restart_budget_is_spen
             "warm_start": {"enabled": False},
             "max_restarts": 1,
             "restart_backoff_seconds": 0.2,
+            "starvation_timeout_seconds": 6.0,
+            "liveness_timeout_seconds": 600.0,  # the stopped reward is not killed
         },
     )
     run_dir = tmp_path / "runs" / "e2e" / "t"
@@ -163,6 +171,17 @@ def test_a_service_that_keeps_dying_ends_the_run_once_its_restart_budget_is_spen
     try:
         metrics = run_dir / "metrics.jsonl"
         wait_for("a step", lambda: metrics.exists() and metrics.read_text().count("\n") >= 1)
+        starvation = run_dir / "starvation.json"
+        reward = pids()["reward"]
+        os.kill(reward, signal.SIGSTOP)
+        try:
+            wait_for("the starvation verdict", starvation.exists)
+            verdict = json.loads(starvation.read_text())
+        finally:
+            os.kill(reward, signal.SIGCONT)
+        steps = metrics.read_text().count("\n")
+        wait_for("steps again", lambda: metrics.read_text().count("\n") > steps)
+        wait_for("the verdict withdrawn", lambda: not starvation.exists())
         first = pids()["buffer"]
         os.kill(first, signal.SIGKILL)
         restarts = run_dir / "restarts.jsonl"
@@ -178,6 +197,11 @@ def test_a_service_that_keeps_dying_ends_the_run_once_its_restart_budget_is_spen
             except subprocess.TimeoutExpired:
                 proc.kill()
     out = log.read_text()
+    assert verdict["stage"] == "reward holds", verdict
+    assert verdict["numbers"]["reward_up"] is False
+    assert verdict["numbers"]["pending"] < 4  # less than a batch (consumer_batch_size 4)
+    assert "starving: no training step for" in out
+    assert "s: reward holds (the reward service does not answer)" in out
     assert proc.returncode == 1, out[-4000:]
     assert (
         "FAILED: buffer died (signal SIGKILL) after 1 restarts within 600s "

@@ -1,5 +1,5 @@
 """`flywheel status` shows what the launcher's supervision did: restarts per service and the
-last ones, read from the run's `restarts.jsonl`."""
+last ones, read from the run's `restarts.jsonl`, and the starvation watchdog's verdict."""
 
 from __future__ import annotations
 
@@ -28,9 +28,12 @@ def test_status_lists_the_restarts_of_the_run(
     ]
     lines = "".join(json.dumps(r) + "\n" for r in records)
     (run_dir / "restarts.jsonl").write_text(lines + '{"service": "rew')  # one being written
+    verdict = {"stage": "no capacity", "detail": "capacity 0 at version 5", "numbers": {}}
+    (run_dir / "starvation.json").write_text(json.dumps({**verdict, "before": {}, "now": {}}))
     assert status_main([str(run_dir)]) == 1  # nothing answers on port 1
     out = json.loads(capsys.readouterr().out)
     assert out["restarts"]["total"] == 3
     assert out["restarts"]["per_service"] == {"buffer": 2, "reward": 1}
     assert out["restarts"]["last"][-1] == records[-1]
     assert out["buffer"]["health"] == "UNREACHABLE"
+    assert out["starvation"] == verdict

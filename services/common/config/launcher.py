@@ -113,6 +113,14 @@ class LauncherConfig(FlywheelModel):
     NOT_SERVING too) for this long - stopped, deadlocked, thrashing - is killed and restarted
     like a dead one. null: only processes that exit are restarted."""
 
+    starvation_timeout_seconds: float | None = Field(default=300.0, gt=0.0)
+    """When the trainer has waited this long for data (no new step, its phase
+    `waiting_for_data`), the launcher names the stage that holds the run (buffer
+    unreachable, no capacity, rollout not generating, reward holds, everything dropped, ...)
+    with the numbers that show it, on its output and in `<run_dir>/starvation.json`
+    (`flywheel status` prints it), and again every this many seconds while it lasts.
+    null: no watchdog."""
+
     liveness_period_seconds: float = Field(default=2.0, gt=0.0)
     """How often each running service's health is checked for `liveness_timeout_seconds`;
     each check waits at most this long for its answer."""
