@@ -108,7 +108,24 @@ leaves it (`main/test-00000-of-00001.parquet`; the `main`/`default` configuratio
 preferred). Without a copy, `flywheel run` stops at load with that exact command and
 `--dry-run` reports it as a warning. A local file path is used as it is. The reward of a
 known data set follows from it unless `reward.fn` is set: GSM8K → `gsm8k`, Geometry3K →
-`geometry3k`, CLEVR-Count-70K → `clevr_count`; the dry-run says which.
+`geometry3k`, CLEVR-Count-70K → `clevr_count`; the dry-run says which. `valid_dataset`
+keeps AReaL's defaults: `shuffle: false`, `drop_last: false`.
+
+### Experiment tracking
+
+The `tracking` block is AReaL's `stats_logger`. The trainer's rank 0 writes every step
+record to TensorBoard event files (`tracking.tensorboard.path`, default
+`<cluster.fileroot>/<experiment_name>/<trial_name>/tensorboard`; `tensorboard --logdir`
+on it or a parent), and to Weights & Biases and MLflow when their `mode` is `offline` or
+`online` (`pip install '.[tracking]'` brings the three libraries; `make venv` installs
+them). Statistics carry AReaL's names: the loss's statistics under `ppo_actor/update/`
+(`importance_weight/avg`, `approx_kl/max`, `clip_ratio/avg`, `entropy/avg`,
+`behave_imp_weight/avg`, `grad_norm`, `lr`), the advantage pass's under `ppo_actor/`
+(`task_reward/avg`, `no_eos_ratios/avg`, `seq_len/avg`, `final_reward/avg`, `n_seqs`),
+the episode reward `rollout/reward`, phase times `timeperf/<phase>`; statistics AReaL
+does not have (staleness, throughput, weight broadcast) are under `flywheel/`.
+W&B offline leaves `wandb/offline-run-*` in the trial directory for `wandb sync`; MLflow
+offline a file store at `<trial dir>/mlruns` (`mlflow ui --backend-store-uri` on it).
 """
 
 

@@ -70,6 +70,18 @@ class DatasetConfig(FlywheelModel):
     """Prompts longer than this many tokens are skipped; null keeps all."""
 
 
+class ValidDatasetConfig(DatasetConfig):
+    """Evaluation prompts: as `train_dataset`, with AReaL's `ValidDatasetConfig` defaults
+    (the whole set, in order)."""
+
+    shuffle: bool = False
+    """Shuffle prompts each epoch; off, as in AReaL, so every evaluation sees the same
+    prompts in the same order."""
+
+    drop_last: bool = False
+    """Drop the last incomplete batch; off, as in AReaL, so no prompt is left out."""
+
+
 DATASETS_DIR_ENV = "FLYWHEEL_DATASETS_DIR"
 """Environment variable naming the local data set cache."""
 

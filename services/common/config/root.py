@@ -10,7 +10,7 @@ from pydantic import Field, field_validator, model_validator
 from ._base import FlywheelModel, RuleViolation
 from .actor import PPOActorConfig, PPOCriticConfig, TeacherConfig, TrainEngineConfig
 from .buffer import BufferConfig
-from .dataset import DatasetConfig
+from .dataset import DatasetConfig, ValidDatasetConfig
 from .generation import GenerationHyperparameters
 from .launcher import LauncherConfig
 from .reward import RewardConfig
@@ -110,7 +110,7 @@ class FlywheelConfig(FlywheelModel):
     train_dataset: DatasetConfig = Field(default_factory=DatasetConfig)
     """Training prompts."""
 
-    valid_dataset: DatasetConfig | None = None
+    valid_dataset: ValidDatasetConfig | None = None
     """Evaluation prompts; null disables evaluation."""
 
     @field_validator("experiment_name", "trial_name")

@@ -103,3 +103,13 @@ def test_several_shards_of_a_split_ask_for_an_explicit_path(cache: Path, tmp_pat
     path = _config(tmp_path, train_dataset={"path": "openai/gsm8k"})
     with pytest.raises(ConfigError, match="has 2 files"):
         load_with_report(path)
+
+
+def test_valid_dataset_defaults_follow_areal(tmp_path: Path) -> None:
+    # areal/api/cli_args.py: ValidDatasetConfig sets shuffle=False, drop_last=False, split
+    # "test"; TrainDatasetConfig keeps _DatasetConfig's shuffle=True, drop_last=True.
+    path = _config(tmp_path, valid_dataset={"builtin": "arithmetic"})
+    config, _ = load_with_report(path)
+    assert config.valid_dataset is not None
+    assert (config.valid_dataset.shuffle, config.valid_dataset.drop_last) == (False, False)
+    assert (config.train_dataset.shuffle, config.train_dataset.drop_last) == (True, True)
