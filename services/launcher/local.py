@@ -127,6 +127,8 @@ class LocalRun:
     def prepare(self) -> Path:
         if assets.reset_if_finished(self.run_dir):
             _say(f"previous run in {self.run_dir} had finished: starting fresh")
+            for name in ("restarts.jsonl", "starvation.json"):  # the supervisor's records
+                (self.run_dir / name).unlink(missing_ok=True)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # Only this run's trainer may vouch for its metrics (see finish()).
         self.trainer_paths.metrics_textfile.unlink(missing_ok=True)
