@@ -12,6 +12,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from flywheel_proto.v1 import buffer_pb2_grpc, common_pb2
 from services.common.grpc_client import call_with_retry, make_channel, wait_for_health
 from services.common.grpc_server import ServiceServer
 
@@ -342,3 +343,57 @@ async def test_the_single_shared_token_still_allows_every_method() -> None:
             assert await _call(address, method, None) == grpc.StatusCode.UNAUTHENTICATED
     finally:
         await srv.stop(grace=0.5)
+
+
+@pytest.mark.integration
+async def test_a_real_buffer_over_mtls_lets_each_role_do_only_its_part(
+    redis_server,  # noqa: ANN001
+    pki,  # noqa: ANN001
+    tmp_path,  # noqa: ANN001
+) -> None:
+    """The buffer service as deployed with per-caller tokens over mTLS: rollout puts, the
+    trainer sets versions, neither may do the other's part, and a caller without a client
+    certificate gets nowhere."""
+    from services.buffer.client import BufferClient
+    from services.buffer.service import BufferParts, BufferService
+    from services.common.config import BufferConfig, RolloutConfig
+    from tests.buffer.helpers import make_group
+
+    service = BufferService(
+        BufferParts(
+            buffer=BufferConfig(redis_url=redis_server.url),
+            rollout=RolloutConfig(max_head_offpolicyness=1),
+            prefix="{test:sec}:buf",
+            export_dir=str(tmp_path / "exports"),
+            credentials={"rollout": "rollout-tok", "trainer": "trainer-tok"},
+            tls=pki("server", mtls=True),
+        )
+    )
+    await service.start()
+    rollout = BufferClient(service.address, auth_token="rollout-tok", retries=0)
+    trainer = BufferClient(service.address, auth_token="trainer-tok", retries=0)
+    try:
+        assert (await rollout.put(make_group("g1"))).result == "admitted"
+        assert await trainer.set_version(1) == 1
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await rollout.set_version(2)
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await trainer.put(make_group("g2"))
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        # The default client TLS is the server's (it has the certificate); without it:
+        from services.common.config.services import TLSConfig
+        from services.common.grpc_client import make_channel
+
+        async with make_channel(service.address, tls=pki(None)) as ch:  # CA only, no cert
+            stub = buffer_pb2_grpc.BufferServiceStub(ch)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.GetVersion(common_pb2.Empty(), timeout=5)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert TLSConfig().enabled is False  # nothing leaked into the environment
+        s = await trainer.stats()
+        assert (s.put_total, s.pending, s.version) == (1, 1, 1) and s.invariant_ok
+    finally:
+        await rollout.close()
+        await trainer.close()
+        await service.stop(grace=0.5)
