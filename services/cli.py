@@ -3,7 +3,7 @@
     flywheel run --config FILE [a.b.c=value ...] [--dry-run]
     flywheel eval --config FILE [--checkpoint DIR] [overrides ...]
     flywheel status [RUN_DIR | --config FILE [overrides ...]]
-    flywheel doctor RUN_DIR [--json]
+    flywheel doctor RUN_DIR [--json] | --config FILE --experiments [overrides ...]
 
 `eval` and `status` parse their own arguments in the launcher
 (`services.launcher.main.eval_main(argv)` / `status_main(argv)`); `run` validates the

@@ -1,4 +1,6 @@
 """`flywheel doctor RUN_DIR [--json]`: the run-health checks of docs/troubleshooting.md.
+`flywheel doctor --config FILE --experiments [--steps N] [overrides ...]`: the playbook's
+experiments (services/doctor/experiments.py); exit 0 when the config learns, 1 otherwise.
 
 Exit status: 0 when every check passes (or has nothing to judge), 1 when one warns, 2 when
 one fails; 2 as well when RUN_DIR is not a run directory.
@@ -23,7 +25,14 @@ def _parser() -> argparse.ArgumentParser:
         prog="flywheel doctor",
         description="check a finished or live run against the RL troubleshooting playbook",
     )
-    p.add_argument("run_dir", help="the run directory (<fileroot>/<experiment>/<trial>)")
+    p.add_argument("run_dir", nargs="?", help="the run directory (<fileroot>/<experiment>/<trial>)")
+    p.add_argument("--config", "-c", help="with --experiments: the config to diagnose")
+    p.add_argument(
+        "--experiments",
+        action="store_true",
+        help="run the playbook's short runs (async, sync, RL on the test set) and decide",
+    )
+    p.add_argument("--steps", type=int, help="with --experiments: total_train_steps of each run")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument(
         "--scrape-timeout",
@@ -66,7 +75,21 @@ def render(ev: Evidence, checks: Sequence[Check]) -> str:
 
 
 def doctor_main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    parser = _parser()
+    args, overrides = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
+    if args.experiments:
+        if not args.config:
+            parser.error("--experiments needs --config FILE")
+        from services.doctor.experiments import decision_dict, render_decision, run_experiments
+
+        decision = run_experiments(args.config, overrides, args.steps)
+        if args.json:
+            print(json.dumps(decision_dict(decision), indent=1))
+        else:
+            print(render_decision(decision))
+        return 0 if decision.branch == "none" else 1
+    if overrides or args.run_dir is None:
+        parser.error("give RUN_DIR (overrides only with --config --experiments)")
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
         print(f"flywheel doctor: {run_dir} is not a directory", file=sys.stderr)
