@@ -127,7 +127,7 @@ def _unknown_key_issue(model: type[BaseModel], key: str, prefix: str, value: Any
     migration = getattr(model, "legacy_keys", {}).get(key)
     if migration:
         return ConfigIssue(prefix + key, value, migration)
-    collision = areal_compat.COLLISIONS.get(prefix + key)
+    collision = areal_compat.areal_hint(prefix + key)
     if collision:
         # Same name, another meaning: a "did you mean" would point at the wrong key.
         return ConfigIssue(

@@ -346,3 +346,23 @@ def test_from_areal_flag_translates(capsys: pytest.CaptureFixture[str], tmp_path
     assert "# read as an AReaL config (--from areal)" in out
     # AReaL's default weight_update_mode xccl applies: the distributed transport.
     assert yaml.safe_load(out)["trainer"]["weight_transport"] == "distributed"
+
+
+@pytest.mark.parametrize(
+    ("tree", "key"),
+    [
+        ({"launcher": {"trainer_cpus_per_gpu": 4}}, "launcher.trainer_cpus_per_gpu"),
+        ({"teacher": {"path": "/m", "backend": "fsdp:d1"}}, "teacher.backend"),
+        ({"actor": {"scheduling_spec": []}}, "actor.scheduling_spec"),
+    ],
+)
+def test_areal_keys_in_a_flywheel_file_are_named_not_misdirected(
+    tree: dict[str, Any], key: str, tmp_path: Path
+) -> None:
+    # launcher.trainer_cpus and trainer.backend exist in Flywheel with other meanings.
+    path = tmp_path / "f.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    with pytest.raises(ConfigError) as err:
+        load_with_report(path, source="flywheel")
+    assert err.value.paths == [key]
+    assert "did you mean" not in str(err.value) and "AReaL" in str(err.value)
