@@ -501,6 +501,7 @@ class _Translator:
         self.scheduler()
         self.launcher()
         self.small_keys()
+        self.sft()
         self.leftovers()
 
     def allocations(self) -> None:
@@ -784,6 +785,20 @@ class _Translator:
             for key in [k for k in block if k not in known]:
                 self.ignored(f"launcher.{key}", block.pop(key), COLLISIONS["launcher"])
 
+    def sft(self) -> None:
+        kind = self.get("train_dataset.type")
+        if kind is not None and str(kind) != "rl":
+            self.rows.append(
+                Translation(
+                    "train_dataset.type",
+                    kind,
+                    IGNORED,
+                    f"AReaL trains {kind!r} with another entry point; `flywheel run` trains "
+                    "with RL on these prompts (supervised fine-tuning is not a Flywheel "
+                    "command yet)",
+                )
+            )
+
     def small_keys(self) -> None:
         dynamic = self.pop("dynamic_bs")
         if dynamic is not _ABSENT:
@@ -862,6 +877,8 @@ def _short(value: Any) -> str:
         text = "{" + ", ".join(f"{k}: {_short(v)}" for k, v in list(value.items())[:3])
         return text + (", ...}" if len(value) > 3 else "}")
     if isinstance(value, list):
-        return f"[{len(value)} items]" if len(value) > 2 else str(value)
+        if len(value) > 2 or any(isinstance(v, dict | list) for v in value):
+            return f"[{len(value)} items]"
+        return "[" + ", ".join(_short(v) for v in value) + "]"
     text = "null" if value is None else str(value)
     return text if len(text) <= 28 else text[:25] + "..."
