@@ -17,7 +17,9 @@ Prints exactly one JSON line (keys below), measured in one run on the same machi
   tensors, the baseline the disk transport is measured against.
 - `trainer_tokens_per_s` (the trainer's FSDP2 engine: forward, backward, clip, AdamW step)
   and `plain_tokens_per_s` (the same model and batch, unsharded, plain torch), median of
-  `--steps`; `fsdp2_overhead_ratio` = plain / trainer.
+  `--steps` steps on `--train-batch` prompts with `--train-new-tokens` completion tokens
+  each (the first step is a warm-up and is not counted when there are two or more);
+  `fsdp2_overhead_ratio` = plain / trainer.
 
     .venv/bin/python benchmarks/smollm2.py [--batch 16] [--new-tokens 32] [--repeats 2]
 
@@ -143,30 +145,12 @@ async def weight_updates(engine: Any, sd: dict[str, torch.Tensor], work: Path) -
 
 
 def _batch(prompts: list[list[int]], new_tokens: int) -> Any:
-    from services.trainer.batch import SeqBatch
+    """The prompts with `new_tokens` random completion tokens each (a fixed seed)."""
+    from tests.smollm2 import completion_batch
 
     g = torch.Generator().manual_seed(0)
-    seqs = [p + torch.randint(3, 49152, (new_tokens,), generator=g).tolist() for p in prompts]
-    width = max(len(s) for s in seqs)
-    b = len(seqs)
-    ids = torch.full((b, width), 2, dtype=torch.long)
-    loss_mask = torch.zeros(b, width)
-    for i, (p, s) in enumerate(zip(prompts, seqs, strict=True)):
-        ids[i, : len(s)] = torch.tensor(s)
-        loss_mask[i, len(p) : len(s)] = 1.0
-    lens = torch.tensor([len(s) for s in seqs])
-    return SeqBatch(
-        input_ids=ids,
-        attention_mask=torch.arange(width).unsqueeze(0) < lens.unsqueeze(1),
-        loss_mask=loss_mask,
-        behave_logp=torch.zeros(b, width),
-        versions=torch.zeros(b, width, dtype=torch.long),
-        rewards=torch.zeros(b),
-        no_eos=torch.zeros(b, dtype=torch.bool),
-        seq_lens=lens,
-        prompt_lens=torch.tensor([len(p) for p in prompts]),
-        group_index=torch.arange(b),
-    )
+    outs = [torch.randint(3, 49152, (new_tokens,), generator=g).tolist() for _ in prompts]
+    return completion_batch(prompts, outs)
 
 
 def trainer_steps(model_dir: str, batch: Any, steps: int, work: Path) -> dict[str, float]:
@@ -220,6 +204,8 @@ def trainer_steps(model_dir: str, batch: Any, steps: int, work: Path) -> dict[st
         opt.step()
         opt.zero_grad(set_to_none=True)
         plain.append(tokens / (time.perf_counter() - t0))
+    if steps > 1:  # the first step allocates the optimizer state: a warm-up
+        fsdp, plain = fsdp[1:], plain[1:]
     tr, pl = statistics.median(fsdp), statistics.median(plain)
     return {
         "trainer_batch_tokens": float(tokens),
@@ -281,7 +267,12 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         await engine.stop()
     with tempfile.TemporaryDirectory(prefix="smollm2-train-") as tmp:
         result.update(
-            trainer_steps(model_dir, _batch(prompts, args.new_tokens), args.steps, Path(tmp))
+            trainer_steps(
+                model_dir,
+                _batch(prompts[: args.train_batch], args.train_new_tokens),
+                args.steps,
+                Path(tmp),
+            )
         )
     return {k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}
 
@@ -294,4 +285,6 @@ if __name__ == "__main__":
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--train-batch", type=int, default=8)
+    p.add_argument("--train-new-tokens", type=int, default=16)
     print(json.dumps(asyncio.run(main(p.parse_args()))))

@@ -49,3 +49,32 @@ def chat_prompts(tokenizer, pairs: list[tuple[int, int]]) -> list[list[int]]:  #
     from services.rollout.data.datasets import render_prompt
 
     return [render_prompt(tokenizer, QUESTION.format(a=a, b=b))[1] for a, b in pairs]
+
+
+def completion_batch(prompt_ids: list[list[int]], outputs: list[list[int]], pad_id: int = 2):  # noqa: ANN201
+    """A right-padded trainer `SeqBatch` of prompt + completion, loss on the completion."""
+    import torch
+
+    from services.trainer.batch import SeqBatch
+
+    seqs = [p + o for p, o in zip(prompt_ids, outputs, strict=True)]
+    width = max(len(s) for s in seqs)
+    b = len(seqs)
+    ids = torch.full((b, width), pad_id, dtype=torch.long)
+    loss_mask = torch.zeros(b, width)
+    for i, (p, s) in enumerate(zip(prompt_ids, seqs, strict=True)):
+        ids[i, : len(s)] = torch.tensor(s)
+        loss_mask[i, len(p) : len(s)] = 1.0
+    lens = torch.tensor([len(s) for s in seqs])
+    return SeqBatch(
+        input_ids=ids,
+        attention_mask=torch.arange(width).unsqueeze(0) < lens.unsqueeze(1),
+        loss_mask=loss_mask,
+        behave_logp=torch.zeros(b, width),
+        versions=torch.zeros(b, width, dtype=torch.long),
+        rewards=torch.zeros(b),
+        no_eos=torch.zeros(b, dtype=torch.bool),
+        seq_lens=lens,
+        prompt_lens=torch.tensor([len(p) for p in prompt_ids]),
+        group_index=torch.arange(b),
+    )

@@ -16,7 +16,7 @@ import os
 import random
 import re
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -68,19 +68,27 @@ def generate_split(split: Split, n: int, seed: int) -> list[dict[str, str]]:
     7,279 pairs; valid: 821) and then cycle through fresh permutations, so a large training
     set simply repeats problems, as epochs would.
     """
+    return _cycle(_pool(split), n, random.Random(f"flywheel-arithmetic-{split}-{seed}"), make_row)
+
+
+def _cycle(
+    pool: list[tuple[int, int]],
+    n: int,
+    rng: random.Random,
+    make: Callable[[int, int], dict[str, str]],
+) -> list[dict[str, str]]:
+    """`n` rows over `pool`: a shuffled pass, then fresh passes while more are asked for."""
     if n < 0:
         raise ValueError(f"n={n}: must be >= 0")
-    pool = _pool(split)
-    rng = random.Random(f"flywheel-arithmetic-{split}-{seed}")
     rows: list[dict[str, str]] = []
     while len(rows) < n:
         order = pool[:]
         rng.shuffle(order)
-        rows.extend(make_row(a, b) for a, b in order[: n - len(rows)])
+        rows.extend(make(a, b) for a, b in order[: n - len(rows)])
     return rows
 
 
-def write_jsonl(path: str | os.PathLike[str], rows: Iterable[dict[str, object]]) -> Path:
+def write_jsonl(path: str | os.PathLike[str], rows: Iterable[Mapping[str, object]]) -> Path:
     """Write rows as JSON lines (atomically: a reader never sees half a file)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -135,19 +143,11 @@ def generate_sums(split: Split, n: int, seed: int) -> list[dict[str, str]]:
     problems in a shuffled order, repeated (fresh order each pass) when `n` exceeds them."""
     if split not in ("train", "valid"):
         raise ValueError(f"split={split!r}: use 'train' or 'valid'")
-    if n < 0:
-        raise ValueError(f"n={n}: must be >= 0")
     want_valid = split == "valid"
     pool = [
         (a, b) for a in SUM_OPERANDS for b in SUM_OPERANDS if is_held_out_sum(a, b) == want_valid
     ]
-    rng = random.Random(f"flywheel-sums-{split}-{seed}")
-    rows: list[dict[str, str]] = []
-    while len(rows) < n:
-        order = pool[:]
-        rng.shuffle(order)
-        rows.extend(make_sum_row(a, b) for a, b in order[: n - len(rows)])
-    return rows
+    return _cycle(pool, n, random.Random(f"flywheel-sums-{split}-{seed}"), make_sum_row)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -75,36 +75,9 @@ def trainer(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             dist.destroy_process_group()
 
 
-def _batch(prompt_ids: list[list[int]], outputs: list[list[int]], pad_id: int):  # noqa: ANN202
-    """A right-padded `SeqBatch` of prompt + completion, loss on the completion."""
-    from services.trainer.batch import SeqBatch
-
-    seqs = [p + o for p, o in zip(prompt_ids, outputs, strict=True)]
-    width = max(len(s) for s in seqs)
-    b = len(seqs)
-    ids = torch.full((b, width), pad_id, dtype=torch.long)
-    loss_mask = torch.zeros(b, width)
-    for i, (p, s) in enumerate(zip(prompt_ids, seqs, strict=True)):
-        ids[i, : len(s)] = torch.tensor(s)
-        loss_mask[i, len(p) : len(s)] = 1.0
-    lens = torch.tensor([len(s) for s in seqs])
-    return SeqBatch(
-        input_ids=ids,
-        attention_mask=torch.arange(width).unsqueeze(0) < lens.unsqueeze(1),
-        loss_mask=loss_mask,
-        behave_logp=torch.zeros(b, width),
-        versions=torch.zeros(b, width, dtype=torch.long),
-        rewards=torch.zeros(b),
-        no_eos=torch.zeros(b, dtype=torch.bool),
-        seq_lens=lens,
-        prompt_lens=torch.tensor([len(p) for p in prompt_ids]),
-        group_index=torch.arange(b),
-    )
-
-
 def _completion_logprobs(trainer, prompt_ids, outputs, pad_id):  # noqa: ANN001, ANN202
     """The trainer's recomputed log-probabilities of each completion's tokens."""
-    batch = _batch(prompt_ids, outputs, pad_id)
+    batch = smollm2.completion_batch(prompt_ids, outputs, pad_id)
     with torch.no_grad():
         logp, _ = trainer.logprobs(batch)
     return [
@@ -182,7 +155,7 @@ async def test_engine_logprobs_equal_trainer_recompute_and_follow_an_update(
 
     # One optimizer step (AdamW, lr 1e-5) on a policy-gradient-shaped loss, then the
     # update through the disk transport: the replica's parameters are the trainer's bits.
-    batch = _batch(rows, outputs, pad)
+    batch = smollm2.completion_batch(rows, outputs, pad)
     logp, _ = trainer.logprobs(batch)
     loss = -(logp * batch.loss_mask).sum() / batch.loss_mask.sum()
     loss.backward()
