@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from flywheel_proto.v1 import buffer_pb2, buffer_pb2_grpc, common_pb2
 from services.buffer.client import BufferClient
 from services.buffer.service import BufferService
-from services.buffer.validate import fast_versions
+from services.buffer.validate import fast_versions, id_problem
 from services.common.codec import (
     CodecError,
     CodecLimits,
@@ -275,7 +275,8 @@ async def test_bad_ids_are_refused_everywhere(make_buffer: BufferFactory, bad: s
     s = await client.stats()
     # The refused put is counted once as dropped{invalid}, under no key.
     assert (s.put_total, s.dropped_total["invalid"], s.pending) == (1, 1, 0) and s.invariant_ok
-    assert _refused(service, "Put", "group_id") == 1
+    # (An empty group id is the codec's to name: refused too, not by the id bounds.)
+    assert _refused(service, "Put", "group_id") == (1 if bad else 0)
     assert _refused(service, "Claim", "consumer_id") == 1
     assert await client.get_version() == 0
 
@@ -353,3 +354,16 @@ async def test_ledger_holds_over_any_ids_and_versions(make_buffer: BufferFactory
     assert set(first.group_ids) == stored and set(again.group_ids) == stored
     s = await client.stats()
     assert s.invariant_ok and s.in_flight == len(stored)
+
+
+def test_id_rule_over_every_code_point() -> None:
+    # validate.id_problem (a C-speed fast path, then a per-character scan) against the
+    # issue's rule spelled with Unicode categories (`_is_id`), for each code point alone
+    # and inside an otherwise good id.
+    for cp in range(0x110000):
+        c = chr(cp)
+        assert (id_problem(c) is None) == _is_id(c), hex(cp)
+        assert (id_problem(f"g-{c}-1") is None) == _is_id(f"g-{c}-1"), hex(cp)
+    assert id_problem("x" * 256) is None and id_problem("é" * 128) is None
+    assert id_problem("x" * 257) is not None and id_problem("é" * 129) is not None
+    assert id_problem("", allow_empty=True) is None and id_problem("") is not None
