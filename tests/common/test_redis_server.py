@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import time
+from pathlib import Path
 
 import pytest
 import redis
@@ -47,6 +48,26 @@ def test_password_is_required_when_set(tmp_path):
         with pytest.raises(redis.exceptions.AuthenticationError):
             redis.Redis(host=server.host, port=server.port).ping()
         assert redis.Redis.from_url(server.url).ping()
+
+
+def test_the_password_is_on_no_command_line_and_in_no_file(tmp_path):
+    # Any local user reads /proc/<pid>/cmdline (`ps -ef` shows it); the password reaches
+    # redis-server on its stdin instead. Spaces, quotes, a backslash, a newline and
+    # non-ASCII come through exactly (the server accepts that password and no other).
+    password = 'p a"s\\s\nw\u00f6rd-s3cret'
+    with RedisServer(password=password, dir=tmp_path) as server:
+        assert server.proc is not None
+        cmdline = (Path("/proc") / str(server.proc.pid) / "cmdline").read_bytes()
+        assert b"redis-server" in cmdline
+        assert b"s3cret" not in cmdline and b"requirepass" not in cmdline
+        assert redis.Redis(host=server.host, port=server.port, password=password).ping()
+        with pytest.raises(redis.exceptions.AuthenticationError):
+            redis.Redis(host=server.host, port=server.port, password="p a").ping()
+        server.restart()  # a restart hands it the password again
+        assert redis.Redis(host=server.host, port=server.port, password=password).ping()
+        for path in tmp_path.rglob("*"):
+            if path.is_file():
+                assert b"s3cret" not in path.read_bytes(), path
 
 
 def test_a_write_acknowledged_just_before_sigkill_survives(redis_server: RedisServer):
