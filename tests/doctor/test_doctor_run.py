@@ -75,3 +75,25 @@ def test_doctor_on_a_real_run_live_and_stopped(tmp_path: Path, capsys):
     out = capsys.readouterr().out
     assert "FAIL  no_eos_ratio" in out and "raise gconfig.max_new_tokens" in out
     assert out.splitlines()[-1].startswith("verdict: fail")
+
+
+def test_experiments_run_the_three_runs_and_name_a_branch(tmp_path: Path, capsys):
+    # An untrained tiny model: held-out accuracy 0 before and after each short run, nothing
+    # rises, so the tree ends at "model" (the starting model cannot score).
+    cfg = tiny_run_config(tmp_path / "runs", experiment="dx", steps=3)
+    cfg["launcher"]["eval"] = {"freq_steps": 0, "n_prompts": 16}
+    cfg["valid_dataset"] = {"builtin": "arithmetic", "builtin_size": 32, "shuffle": False}
+    config = tmp_path / "dx.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    rc = main(["doctor", "--config", str(config), "--experiments", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    root = tmp_path / "runs" / "dx-doctor"
+    assert [r["name"] for r in report["runs"]] == ["async", "sync", "test_set"]
+    for r in report["runs"]:
+        assert r["exit_code"] == 0 and r["run_dir"] == str(root / r["name"]), r
+        assert r["samples"] == 3 * 16 and r["baseline_accuracy"] is not None, r
+    sync = yaml.safe_load((root / "sync" / "config.yaml").read_text())
+    assert sync["rollout"]["max_head_offpolicyness"] == 0
+    test_set = yaml.safe_load((root / "test_set" / "config.yaml").read_text())
+    assert test_set["train_dataset"]["path"].endswith("async/data/valid.jsonl")
+    assert report["branch"] == "model" and rc == 1, report
