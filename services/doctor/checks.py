@@ -40,8 +40,11 @@ NOISE_WARN, NOISE_FAIL = 2.0, 4.0
 REWARD_SE_WARN = 0.1
 """Sampling standard error of one step's mean reward above which the batch is too small."""
 STALE_WARN, STALE_FAIL = 0.1, 0.5
-FILTERED_WARN, FILTERED_FAIL = 0.5, 0.9
-"""Shares of the groups produced that were dropped as stale / filtered out."""
+FILTERED_WARN, FILTERED_FAIL = 0.8, 0.95
+"""Shares of the groups put that were dropped as stale / filtered out (a filter keeping one
+group in five makes the rollout generate five times what is trained)."""
+BUFFER_DECISIONS = frozenset({"filtered", "stale", "stale_at_put", "stale_at_claim", "duplicate"})
+"""Reasons of `flywheel_rollout_groups_rejected_total` that repeat the buffer's own count."""
 REWARD_FAIL_WARN, REWARD_FAIL_FAIL = 0.01, 0.1
 """Share of completions whose reward could not be computed."""
 WAIT_WARN = 0.9
@@ -366,15 +369,23 @@ def dropped_groups(ev: Evidence) -> Check:
     if ledger is None:
         return Check(name, "n/a", "no buffer ledger (no summary.json, buffer not scraped)", "")
     dropped, put = ledger
-    rejected = sum_by(ev.samples("rollout"), "flywheel_rollout_groups_rejected_total", "reason")
-    stale = sum(v for k, v in dropped.items() if k.startswith("stale")) + rejected.get("stale", 0)
-    filtered = dropped.get("filtered", 0.0) + rejected.get("filtered", 0.0)
+    # The rollout counts the buffer's refusals too (reason = the buffer's decision): only
+    # the groups that never reached the buffer are its own.
+    rejected = {
+        k: v
+        for k, v in sum_by(
+            ev.samples("rollout"), "flywheel_rollout_groups_rejected_total", "reason"
+        ).items()
+        if k not in BUFFER_DECISIONS and v > 0
+    }
+    stale = sum(v for k, v in dropped.items() if k.startswith("stale"))
+    filtered = dropped.get("filtered", 0.0)
     invalid = dropped.get("invalid", 0.0)
-    total = max(put + rejected.get("stale", 0) + rejected.get("filtered", 0), 1.0)
+    total = max(put, 1.0)
     nums = {
         "put": put,
         "dropped": dropped,
-        "rejected_by_rollout": rejected,
+        "not_put_by_rollout": rejected,
         "stale_fraction": _r(stale / total),
         "filtered_fraction": _r(filtered / total),
         "invalid": invalid,
@@ -383,6 +394,8 @@ def dropped_groups(ev: Evidence) -> Check:
         f"{put:g} groups put; stale {stale:g} ({stale / total:.1%}), filtered {filtered:g} "
         f"({filtered / total:.1%}), invalid {invalid:g}"
     )
+    if rejected:
+        summary += "; never put: " + ", ".join(f"{k} {v:g}" for k, v in sorted(rejected.items()))
     sf, ff = stale / total, filtered / total
     s_stale: Status = "pass" if sf <= STALE_WARN else "warn" if sf <= STALE_FAIL else "fail"
     s_filt: Status = "pass" if ff <= FILTERED_WARN else "warn" if ff <= FILTERED_FAIL else "fail"
