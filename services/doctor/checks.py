@@ -53,6 +53,8 @@ TREND_Z = 2.0
 """Standard errors a change in reward must exceed to count as rising (or falling)."""
 TREND_MIN_STEPS = 9
 """Fewer steps cannot show a trend in the training reward (thirds of 3 steps)."""
+BASELINE_NEAR_ZERO = 0.02
+"""A starting model at or below this held-out accuracy gives RL almost no reward to follow."""
 FLAT_MIN_STEPS = 20
 """A run shorter than this that did not rise significantly is too short to call flat."""
 
@@ -609,6 +611,15 @@ def reward_trend(ev: Evidence) -> Check:
     summary = "; ".join(parts)
     if max(zs) > TREND_Z:
         return Check(name, "pass", summary, "the policy learns", nums)
+    if nums.get("eval_first") is not None and nums["eval_first"] <= BASELINE_NEAR_ZERO:
+        return Check(
+            name,
+            "warn" if min(zs) >= -TREND_Z else "fail",
+            summary,
+            f"the starting model scores {nums['eval_first']:.3f} held-out: RL has nothing to "
+            "sharpen; fine-tune it first (a longer warm start, SFT) or start from a stronger one",
+            nums,
+        )
     if min(zs) < -TREND_Z:
         return Check(
             name,

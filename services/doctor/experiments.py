@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from services.common.config import load_config
-from services.doctor.checks import reward_trend
+from services.doctor.checks import BASELINE_NEAR_ZERO, reward_trend
 from services.doctor.evidence import gather
 
 SYNC_OVERRIDES = (
@@ -33,8 +33,6 @@ SYNC_OVERRIDES = (
     "actor.recompute_logprob=false",
     "actor.use_decoupled_loss=false",
 )
-BASELINE_NEAR_ZERO = 0.02
-"""A starting model scoring at most this on the held-out set cannot be taught by RL alone."""
 
 
 @dataclass

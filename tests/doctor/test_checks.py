@@ -263,3 +263,16 @@ def test_a_reward_that_never_moves_from_zero_warns_no_signal(tmp_path: Path):
     c = by_name(run)["task_reward_variance"]
     assert c.status == "warn" and c.numbers["sampling_bound_std"] == 0.0
     assert "no group carries a learning signal" in c.advice
+
+
+def test_a_starting_model_that_scores_zero_warns_even_on_a_short_run(tmp_path: Path):
+    # A short demo run after too short a warm start: 0.000 held-out before and after.
+    run = make_run(
+        tmp_path,
+        steps=6,
+        per_step=lambda i: {"p": 0.1},
+        evals=[{"step": 0, "accuracy": 0.0, "n": 64}, {"step": 6, "accuracy": 0.0, "n": 64}],
+    )
+    c = by_name(run)["reward_trend"]
+    assert c.status == "warn" and c.numbers["eval_first"] == 0.0
+    assert "starting model scores 0.000" in c.advice
