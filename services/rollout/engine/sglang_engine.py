@@ -1,30 +1,52 @@
 """Client engine of a real SGLang server (HTTP), launched as a subprocess or reached by URL.
 
-Endpoints used (SGLang's native HTTP API; request/response fields as SGLang documents them):
+Written against SGLang 0.5.23 (the pinned schema is `tests/rollout/sglang_schema.json`,
+extracted from the wheel by `tools/sglang_schema.py`). Endpoints used:
 
 - `POST /generate` `{"input_ids", "sampling_params", "return_logprob": true, "rid"}` ->
-  `{"text", "output_ids", "meta_info": {"finish_reason": {"type": "stop"|"length"|"abort"},
-  "output_token_logprobs": [[logprob, token_id, text], ...], ...}}`
-- `POST /pause_generation`, `POST /continue_generation`
+  `{"output_ids", "meta_info": {"finish_reason": {"type": "stop"|"length"|"abort"},
+  "output_token_logprobs": [[logprob, token_id, text], ...], "weight_version",
+  "weight_versions": [{"version", "start", "end"}, ...]}}`; HTTP 400 when the prompt and
+  `max_new_tokens` exceed the context length.
+- `POST /pause_generation {"mode": "abort"}` (requests in flight come back aborted with their
+  partial output; new ones wait inside the server), `POST /continue_generation`
 - `POST /abort_request` `{"rid": "", "abort_all": true}`
-- `POST /update_weights_from_disk` `{"model_path", "weight_version"}` -> `{"success", "message"}`
-- `POST /init_weights_update_group` `{"master_address", "master_port", "rank_offset",
-  "world_size", "group_name", "backend"}` -> `{"success", "message"}`
-- `POST /update_weights_from_distributed` `{"names", "dtypes", "shapes", "group_name",
-  "flush_cache", "weight_version"}` -> `{"success", "message"}`
-- `POST /flush_cache`, `POST /update_weight_version` `{"new_version", "abort_all_requests"}`
-- `GET /health`
+- `POST /update_weights_from_disk` `{"model_path", "weight_version"}`,
+  `POST /init_weights_update_group` `{"master_address", "master_port", "rank_offset",
+  "world_size", "group_name", "backend"}`, `POST /destroy_weights_update_group
+  {"group_name"}`, `POST /update_weights_from_distributed` `{"names", "dtypes", "shapes",
+  "group_name", "flush_cache", "weight_version"}`: `{"success", "message"}`, HTTP 400 on
+  failure
+- `GET /ping` (liveness without generating: `/health` generates one token and answers 503
+  while the server is paused), `GET /model_info` (`weight_version`)
 
-Interruptible generation: a weight update pauses the server (requests in flight come back
-with `finish_reason.type == "abort"` and their partial output), swaps the weights, resumes,
-and every interrupted request is resubmitted with its prompt extended by the partial output
-(the server recomputes that KV). Each submission runs under one version, so the tokens of
-every piece are tagged with the version they were sampled under.
+Two HTTP connection pools: generation (`/generate`, as many connections as requests in
+flight) and control (everything else, a few connections of its own), so a pause or an
+update never waits behind hundreds of generation requests for a free connection.
+
+Versions: every token is tagged with the version the server reports for it
+(`meta_info.weight_versions`, else `meta_info.weight_version`), not with the client's
+snapshot: a request that slipped past a pause and ran on new weights says so. The server is
+told each update's version with the update itself. A server reporting a version below the
+one this client last installed (a restart: SGLang comes back on its base weights, reporting
+`"default"` or whatever `--weight-version` it was launched with) is noticed on the next
+answer: the engine then reports the version the server really serves (base = 0), forgets
+its weights group (the server lost it), and counts it in `server_restarts`; the rollout
+loop's catch-up then loads the newest published weights and the trainer rebuilds the
+group, so the replica re-syncs instead of labelling base-model tokens with a new version.
+
+Interruptible generation: a weight update pauses the server, swaps the weights, resumes, and
+every interrupted request is resubmitted with its prompt extended by the partial output (the
+server recomputes that KV). A request aborted by anyone else (an operator's
+`/abort_request`, a server-side abort) is not resubmitted: it finishes with `abort` and what
+it had, possibly nothing when it was aborted before prefill.
 
 What this client cannot check: in a distributed update SGLang receives the broadcast
 itself, so the checksum is recorded but not recomputed here (disk and gRPC updates are
 verified before SGLang sees them). SGLang expects one broadcast per tensor: the trainer
-must send with `bucket_bytes=0`.
+must send with `bucket_bytes=0`. A replica with `tp_size` N takes ranks
+`rank_offset .. rank_offset + N - 1` of the group (SGLang ranks each TP worker at
+`rank_offset + tp_rank`).
 """
 
 from __future__ import annotations
@@ -120,6 +142,47 @@ def launch_command(
     return cmd
 
 
+BASE_WEIGHT_VERSION = 0
+"""Flywheel's version of the weights a server was launched with (SGLang reports
+`"default"` for them unless launched with `--weight-version`)."""
+
+CONTROL_CONNECTIONS = 4
+"""Connections of the control pool: pause, continue, abort, updates, groups, liveness."""
+
+
+class ContextOverflowError(SGLangError):
+    """SGLang refused a request longer than the model's context (HTTP 400)."""
+
+
+def server_version(value: Any) -> int | None:
+    """Flywheel version of a server's `weight_version` string: an integer string is that
+    version; `"default"` (or any other non-integer label) is the launch weights, version 0;
+    absent (an older server) is unknown (None)."""
+    if value is None:
+        return None
+    try:
+        return int(str(value))
+    except ValueError:
+        return BASE_WEIGHT_VERSION
+
+
+def token_versions(meta: Mapping[str, Any], n_tokens: int, fallback: int) -> list[int]:
+    """The version of each of a piece's `n_tokens` output tokens, as the server reports
+    them: `weight_versions` spans (`[start, end)` per version) when present, else
+    `weight_version` for all of them, else `fallback` (a server that reports neither)."""
+    out = [fallback] * n_tokens
+    spans = meta.get("weight_versions")
+    if spans:
+        for span in spans:
+            v = server_version(span.get("version"))
+            lo, hi = int(span.get("start", 0)), min(int(span.get("end", n_tokens)), n_tokens)
+            for i in range(lo, hi):
+                out[i] = fallback if v is None else v
+        return out
+    v = server_version(meta.get("weight_version"))
+    return out if v is None else [v] * n_tokens
+
+
 class SGLangEngine(InferenceEngine):
     name = "sglang"
 
@@ -136,6 +199,7 @@ class SGLangEngine(InferenceEngine):
         host: str = "127.0.0.1",
         port: int = 0,
         scratch_dir: str | None = None,
+        control_timeout: float = 600.0,
     ) -> None:
         super().__init__()
         self.base_url = base_url.rstrip("/") if base_url else None
@@ -145,29 +209,41 @@ class SGLangEngine(InferenceEngine):
         self.tp_size = tp_size
         self.startup_timeout = startup_timeout
         self.request_timeout = request_timeout
+        self.control_timeout = control_timeout
         self.host = host
         self.port = port
         self.scratch_dir = scratch_dir
         self._proc: subprocess.Popen[bytes] | None = None
-        self._http: Any = None
+        self._gen: Any = None  # generation pool: /generate only
+        self._ctl: Any = None  # control pool: everything else
         self._resume = asyncio.Event()
         self._resume.set()
         self._paused = False
         self._in_flight = 0
         self._aborting = False  # abort_all: returned requests are not resubmitted
         self._tokens = 0
+        self._interrupts = 0  # pauses this client made: aborts they cause are resubmitted
+        self._updates = 0  # updates this client installed (a piece's answer is checked
+        # against the version only when no update happened while it ran)
+        self._group_name: str | None = None
+        self._names: set[str] | None = None
+        self.unknown_names = 0
+        """Tensor names sent in updates that the served checkpoint does not have."""
+        self.server_restarts = 0
+        """Times the server was found back on older weights than this client installed."""
 
     @classmethod
     def from_config(cls, cfg: Any, *, replica_index: int = 0, tokenizer_path: str) -> SGLangEngine:
         sg = cfg.rollout.sglang
         return cls(
-            sg.url,
+            sg.url.replace("{i}", str(replica_index)) if sg.url else None,
             model_path=cfg.actor.path,
             tokenizer_path=tokenizer_path,
             launch_args=sg.launch_args,
             tp_size=sg.tp_size,
             startup_timeout=sg.startup_timeout,
             request_timeout=cfg.rollout.request_timeout,
+            control_timeout=max(60.0, float(cfg.rollout.weight_update_timeout)),
         )
 
     # --------------------------------------------------------------- lifecycle
@@ -179,9 +255,28 @@ class SGLangEngine(InferenceEngine):
 
         if self.base_url is None:
             self._launch()
-        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=self.request_timeout)
+        assert self.base_url is not None
+        # Generation: one connection per request in flight, never shared with control.
+        self._gen = httpx.AsyncClient(
+            base_url=self.base_url,
+            timeout=self.request_timeout,
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
+        )
+        self._ctl = httpx.AsyncClient(
+            base_url=self.base_url,
+            timeout=self.control_timeout,
+            limits=httpx.Limits(
+                max_connections=CONTROL_CONNECTIONS,
+                max_keepalive_connections=CONTROL_CONNECTIONS,
+            ),
+        )
         self.tokenizer = await asyncio.to_thread(load_tokenizer, self.tokenizer_path)
         await self._wait_healthy()
+        # A server that already serves published weights (this client restarted, the
+        # server did not) says which: serve under that version, not 0.
+        v = server_version((await self.model_info()).get("weight_version"))
+        if v is not None:
+            self.version = v
 
     def _launch(self) -> None:
         import socket
@@ -195,6 +290,22 @@ class SGLangEngine(InferenceEngine):
         self._proc = subprocess.Popen(cmd)  # noqa: S603 - our own command line
         self.base_url = f"http://{self.host}:{self.port}"
 
+    async def alive(self) -> bool:
+        """Liveness without generating: `/ping` (200 once started, paused or not; SGLang's
+        `/health` generates a token and answers 503 while paused)."""
+        try:
+            r = await self._ctl.get("/ping", timeout=5.0)
+        except Exception:  # noqa: BLE001 - not up
+            return False
+        return bool(r.status_code == 200)
+
+    async def model_info(self) -> dict[str, Any]:
+        """`GET /model_info` (model path, `weight_version`) on the control pool."""
+        r = await self._ctl.get("/model_info", timeout=30.0)
+        if r.status_code >= 400:
+            raise SGLangError(f"/model_info: HTTP {r.status_code}: {r.text[:500]}")
+        return dict(r.json())
+
     async def _wait_healthy(self) -> None:
         deadline = time.monotonic() + self.startup_timeout
         last = ""
@@ -202,7 +313,7 @@ class SGLangEngine(InferenceEngine):
             if self._proc is not None and self._proc.poll() is not None:
                 raise SGLangError(f"SGLang server exited with code {self._proc.returncode}")
             try:
-                r = await self._http.get("/health", timeout=5.0)
+                r = await self._ctl.get("/ping", timeout=5.0)
                 if r.status_code == 200:
                     return
                 last = f"HTTP {r.status_code}"
@@ -215,8 +326,9 @@ class SGLangEngine(InferenceEngine):
 
     async def stop(self) -> None:
         await self.abort_all()
-        if self._http is not None:
-            await self._http.aclose()
+        for client in (self._gen, self._ctl):
+            if client is not None:
+                await client.aclose()
         if self._proc is not None and self._proc.poll() is None:
             self._proc.terminate()
             try:
@@ -227,13 +339,9 @@ class SGLangEngine(InferenceEngine):
     async def _post(
         self, path: str, payload: dict[str, Any] | None = None, timeout: float | None = None
     ) -> Any:
-        r = await self._http.post(path, json=payload or {}, timeout=timeout or self.request_timeout)
-        if r.status_code >= 400:
-            raise SGLangError(f"{path}: HTTP {r.status_code}: {r.text[:500]}")
-        try:
-            return r.json()
-        except ValueError:
-            return {}
+        """A control call (never on the generation pool)."""
+        r = await self._ctl.post(path, json=payload or {}, timeout=timeout or self.control_timeout)
+        return _answer(path, r)
 
     # -------------------------------------------------------------- generation
 
@@ -244,6 +352,29 @@ class SGLangEngine(InferenceEngine):
     @property
     def requests_in_flight(self) -> int:
         return self._in_flight
+
+    async def _generate_piece(self, payload: dict[str, Any]) -> Any:
+        r = await self._gen.post("/generate", json=payload, timeout=self.request_timeout)
+        if r.status_code == 400 and "context length" in r.text:
+            raise ContextOverflowError(f"/generate: HTTP 400: {r.text[:500]}")
+        return _answer("/generate", r)
+
+    def _observe(self, reported: int | None, updates_at_submit: int) -> None:
+        """A piece that ran with no update of ours in between reports an older version than
+        we installed: the server restarted on its launch weights (or was reset by someone
+        else). Serve under what it really has and forget the group it lost."""
+        if reported is None or updates_at_submit != self._updates or not self._resume.is_set():
+            return
+        if reported < self.version:
+            log.error(
+                "SGLang server serves older weights than this client installed "
+                "(restarted?); reporting its version and dropping the weights group",
+                extra={"installed": self.version, "served": reported, "url": self.base_url},
+            )
+            self.server_restarts += 1
+            self.version = reported
+            self.checksum = ""
+            self._group_name = None
 
     async def agenerate(
         self, prompt_ids: Sequence[int], sampling: SamplingParams, *, request_id: str | None = None
@@ -266,8 +397,9 @@ class SGLangEngine(InferenceEngine):
         try:
             piece = 0
             while True:
-                await self._resume.wait()
-                version = self.version
+                while not self._resume.is_set():
+                    await self._resume.wait()
+                interrupts, updates, snapshot = self._interrupts, self._updates, self.version
                 payload = {
                     "input_ids": prompt + out,
                     "sampling_params": sampling_to_sglang(
@@ -279,11 +411,24 @@ class SGLangEngine(InferenceEngine):
                     "rid": f"{rid}.{piece}",
                 }
                 piece += 1
-                data = await self._post("/generate", payload)
+                try:
+                    data = await self._generate_piece(payload)
+                except ContextOverflowError as exc:
+                    if not out:
+                        raise ContextOverflowError(
+                            f"prompt of {len(prompt)} tokens + max_new_tokens {budget} exceed "
+                            f"the server's context length; cap them with gconfig.max_tokens "
+                            f"({exc})"
+                        ) from exc
+                    reason = "length"  # the resubmitted prompt + remaining budget overflow
+                    break
                 ids, piece_lps, kind = parse_generate_response(data)
+                meta = _meta(data)
+                piece_vers = token_versions(meta, len(ids), snapshot)
+                self._observe(server_version(meta.get("weight_version")), updates)
                 out.extend(ids)
                 lps.extend(piece_lps)
-                vers.extend([version] * len(ids))
+                vers.extend(piece_vers)
                 self._tokens += len(ids)
                 self.stats.tokens_generated += len(ids)
                 if kind != "abort":
@@ -292,7 +437,10 @@ class SGLangEngine(InferenceEngine):
                 if self._aborting or len(out) >= budget:
                     reason = "abort" if len(out) < budget else "length"
                     break
-                # Interrupted by a weight update or a pause: continue from where it stopped.
+                if interrupts == self._interrupts and self._resume.is_set():
+                    # Aborted by someone else (an operator, the server): not resubmitted.
+                    break
+                # Interrupted by our own pause or weight update: continue where it stopped.
         finally:
             self._in_flight -= 1
         text = self.decode(out, sampling.skip_special_tokens)
@@ -301,7 +449,8 @@ class SGLangEngine(InferenceEngine):
     async def pause(self) -> None:
         self._paused = True
         self._resume.clear()
-        await self._post("/pause_generation", {})
+        self._interrupts += 1
+        await self._post("/pause_generation", {"mode": "abort"})
 
     async def resume(self) -> None:
         await self._post("/continue_generation", {})
@@ -309,7 +458,7 @@ class SGLangEngine(InferenceEngine):
         self._resume.set()
 
     async def abort_all(self) -> None:
-        if self._http is None:
+        if self._ctl is None:
             return
         self._aborting = True
         self._resume.set()
@@ -324,26 +473,61 @@ class SGLangEngine(InferenceEngine):
     # ----------------------------------------------------------------- weights
 
     async def _swap(self, send: Any, manifest: WeightManifest) -> float:
-        """Pause (interrupting requests), run `send()`, publish the version, resume."""
+        """Pause (interrupting requests), run `send()` (which names the new version, so
+        SGLang labels tokens with it from the first one on), resume."""
         was_paused = self._paused
         self._resume.clear()
+        self._interrupts += 1
         t0 = time.perf_counter()
         try:
-            await self._post("/pause_generation", {})
+            await self._post("/pause_generation", {"mode": "abort"})
             result = await send()
             if not result.get("success", False):
                 raise WeightsError(f"SGLang refused the update: {result.get('message', '')}")
-            await self._post(
-                "/update_weight_version",
-                {"new_version": str(manifest.version), "abort_all_requests": False},
-            )
             self.version = manifest.version
             self.checksum = manifest.checksum
+            self._updates += 1
         finally:
             if not was_paused:
                 await self._post("/continue_generation", {})
                 self._resume.set()
         return time.perf_counter() - t0
+
+    def _served_names(self) -> set[str]:
+        """Tensor names of the checkpoint the server was launched with
+        (`model_path/*.safetensors`); empty when it is not readable from here."""
+        if self._names is None:
+            from safetensors import safe_open
+
+            names: set[str] = set()
+            root = Path(self.model_path)
+            for f in sorted(root.glob("*.safetensors")) if root.is_dir() else []:
+                with safe_open(str(f), "pt") as fh:
+                    names.update(fh.keys())
+            self._names = names
+        return self._names
+
+    def _check_names(self, names: Sequence[str], *, refuse: bool) -> None:
+        """SGLang loads the names its model knows and skips the others with only a log
+        line, so misnamed weights (a wrapper's prefix, another architecture) would leave the
+        old weights serving under the new version. Warn about unknown names; with `refuse`,
+        an update none of whose names is known is refused before SGLang sees it."""
+        known = self._served_names()
+        if not known:
+            return
+        unknown = [n for n in names if n not in known]
+        if not unknown:
+            return
+        if refuse and len(unknown) == len(names):
+            raise WeightsError(
+                f"none of the {len(names)} tensor names is a weight of {self.model_path} "
+                f"(e.g. {unknown[0]!r}); SGLang would ignore them all"
+            )
+        self.unknown_names += len(unknown)
+        log.warning(
+            "SGLang will ignore tensor names its model does not have",
+            extra={"count": len(unknown), "names": unknown[:5]},
+        )
 
     def _loadable_dir(self, path: str) -> str:
         """SGLang loads a directory as a model: give it the served model's config and
@@ -368,8 +552,10 @@ class SGLangEngine(InferenceEngine):
             if manifest is not None:
                 self._check_version(manifest)
             # Verify before SGLang reads anything: a torn or corrupt dir is refused here.
-            _, found = await asyncio.to_thread(load_weights, path, expected=manifest)
+            tensors, found = await asyncio.to_thread(load_weights, path, expected=manifest)
             self._check_version(found)
+            self._check_names(list(tensors), refuse=True)
+            del tensors
             target = await asyncio.to_thread(self._loadable_dir, path)
 
             async def send() -> Any:
@@ -405,6 +591,17 @@ class SGLangEngine(InferenceEngine):
         backend: str,
         group_name: str,
     ) -> None:
+        """Have SGLang join the trainer's group with its TP workers at ranks
+        `rank .. rank + tp_size - 1` (`rank` is SGLang's `rank_offset`). A group of the same
+        name left from an earlier attempt (a failed publication, this client restarting) is
+        destroyed first: SGLang refuses to create a group whose name is taken."""
+        if rank < 1 or rank + self.tp_size > world_size:
+            raise WeightsError(
+                f"rank_offset {rank} with tp_size {self.tp_size} does not fit world_size "
+                f"{world_size} (the trainer is rank 0; this replica needs ranks "
+                f"{rank}..{rank + self.tp_size - 1})"
+            )
+        await self.destroy_weights_group(group_name)
         result = await self._post(
             "/init_weights_update_group",
             {
@@ -420,6 +617,23 @@ class SGLangEngine(InferenceEngine):
             raise WeightsError(f"SGLang could not join the group: {result.get('message', '')}")
         self._group_name = group_name
 
+    async def destroy_weights_group(self, group_name: str | None = None) -> bool:
+        """`/destroy_weights_update_group`; False when the server had no such group."""
+        name = group_name or self._group_name
+        if name is None:
+            return False
+        try:
+            result = await self._post("/destroy_weights_update_group", {"group_name": name})
+        except SGLangError as exc:  # 400: "The group to be destroyed does not exist."
+            log.info("no weights group to destroy", extra={"group": name, "reason": str(exc)})
+            result = {"success": False}
+        if name == self._group_name:
+            self._group_name = None
+        return bool(result.get("success", False))
+
+    async def close_weights_group(self) -> None:
+        await self.destroy_weights_group()
+
     async def update_weights_from_distributed(
         self, manifest: WeightManifest, specs: Sequence[TensorSpec], bucket_bytes: int
     ) -> UpdateResult:
@@ -429,10 +643,12 @@ class SGLangEngine(InferenceEngine):
                     f"bucket_bytes={bucket_bytes}: SGLang receives one broadcast per tensor; "
                     "send with bucket_bytes=0"
                 )
-            group = getattr(self, "_group_name", None)
+            group = self._group_name
             if group is None:
                 raise WeightsError("no weights group: call InitWeightsGroup first")
             self._check_version(manifest)
+            # Only a warning here: refusing now would leave the trainer's broadcast hanging.
+            self._check_names([s.name for s in specs], refuse=False)
 
             async def send() -> Any:
                 return await self._post(
@@ -453,6 +669,23 @@ class SGLangEngine(InferenceEngine):
 
     async def _apply_verified(self, tensors: Mapping[str, Any], manifest: WeightManifest) -> float:
         raise WeightsError("the SGLang engine applies weights through its own endpoints")
+
+
+def _answer(path: str, r: Any) -> Any:
+    """The JSON of an answer; SGLang's failures (HTTP 4xx/5xx, `{"success": false,
+    "message"}` or `{"error": {"message"}}`) raise `SGLangError` with the server's words."""
+    if r.status_code >= 400:
+        raise SGLangError(f"{path}: HTTP {r.status_code}: {r.text[:500]}")
+    try:
+        return r.json()
+    except ValueError:
+        return {}
+
+
+def _meta(data: Any) -> Mapping[str, Any]:
+    if isinstance(data, list) and len(data) == 1:
+        data = data[0]
+    return data.get("meta_info") or {} if isinstance(data, dict) else {}
 
 
 def parse_generate_response(data: Any) -> tuple[list[int], list[float], StopReason]:

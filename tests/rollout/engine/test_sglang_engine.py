@@ -1,9 +1,13 @@
-"""The SGLang client engine against a STAND-IN server (SGLang cannot be installed here).
+"""The SGLang client engine against a STAND-IN server (SGLang cannot run here).
 
-The stand-in (`tests/rollout/sglang_standin.py`) follows SGLang's documented HTTP fields and
-generates with the torch engine, so what is checked here is the client's half of the
-contract: request fields, logprob parsing, abort-and-resubmit across weight updates with
-per-token versions, verification before SGLang is asked to load anything.
+The stand-in (`tests/rollout/sglang_standin.py`) checks every request against the fields of
+SGLang 0.5.23's own request classes (`tests/rollout/sglang_schema.json`, extracted from the
+wheel) and mimics the server's behaviours as its source has them (503 health while paused,
+empty aborts before prefill, 400 on context overflow, unknown tensor names skipped with a
+warning, group names that must be destroyed before reuse, `meta_info.weight_version`).
+Checked here: the client's half of that contract: request fields, logprob parsing,
+abort-and-resubmit across weight updates, per-token versions as the server reports them, a
+restarted server noticed, control calls on their own connections.
 """
 
 from __future__ import annotations
@@ -12,24 +16,29 @@ import asyncio
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
 from services.common.weights import (
+    WeightManifest,
+    WeightsError,
     make_manifest,
     named_parameters_for_update,
     save_weights,
     tensor_specs,
 )
 from services.rollout.engine.sglang_engine import (
+    ContextOverflowError,
     SGLangEngine,
     SGLangError,
     launch_command,
     parse_generate_response,
     sampling_to_sglang,
+    server_version,
+    token_versions,
 )
 from services.rollout.types import SamplingParams
 from tests.rollout.conftest import load_model
@@ -46,7 +55,20 @@ def standin(tiny_model_dir: Path) -> Iterator[SGLangStandIn]:
     try:
         yield s
     finally:
+        s.hold_prefill.clear()
+        s.in_transit.clear()
         s.stop()
+    # Every request the client sent fits SGLang's request classes.
+    assert s.contract_errors == []
+
+
+async def wait_for(pred: Callable[[], bool], what: str, limit: float = 60.0) -> None:
+    """Poll `pred`; the limit only turns a hang into a failure naming `what`."""
+    deadline = time.monotonic() + limit
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never happened: {what}")
+        await asyncio.sleep(0.005)
 
 
 @pytest.fixture
@@ -72,7 +94,7 @@ async def test_greedy_and_logprobs_through_the_http_api(
             torch.tensor(c.logprobs), fresh_logprobs(model, p, c.output_ids), rtol=0, atol=1e-5
         )
         assert c.versions == [0] * len(c.output_ids)
-    path, body = standin.calls[0]
+    path, body, _ = standin.calls[0]
     assert (
         path == "/generate" and body["return_logprob"] is True and body["input_ids"] == PROMPTS[0]
     )
@@ -137,17 +159,18 @@ async def test_update_mid_generation_resubmits_and_tags_versions(
                 new(torch.tensor([prompt + c.output_ids[:i]])).logits[0, -1].argmax()
             )
     paths = standin.paths()
-    gens = [b for p, b in standin.calls if p == "/generate"]
+    gens = standin.bodies("/generate")
     assert len(gens) == 2 and gens[1]["input_ids"] == prompt + c.output_ids[:k]
     assert gens[1]["sampling_params"]["max_new_tokens"] == 60 - k
     i = paths.index("/pause_generation")
-    assert paths[i : i + 4] == [
+    # The version travels with the update: no separate /update_weight_version call.
+    assert paths[i : i + 3] == [
         "/pause_generation",
         "/update_weights_from_disk",
-        "/update_weight_version",
         "/continue_generation",
     ]
-    update = dict(standin.calls)["/update_weights_from_disk"]
+    assert standin.bodies("/pause_generation") == [{"mode": "abort"}]
+    [update] = standin.bodies("/update_weights_from_disk")
     assert update["weight_version"] == "1" and Path(update["model_path"], "config.json").is_file()
     assert sgl.version == 1 and sgl.checksum == manifest.checksum
     assert torch.equal(
@@ -169,6 +192,23 @@ async def test_corrupted_checkpoint_is_refused_before_sglang_sees_it(
     assert "/update_weights_from_disk" not in standin.paths()
 
 
+def start_sender(model_dir: Path, port: int, *buckets: int) -> subprocess.Popen[bytes]:
+    """The trainer's rank 0 of a world of 2 in its own process, one broadcast per bucket."""
+    args = ["-m", "tests.rollout.weights_sender", str(model_dir), str(port), "2"]
+    return subprocess.Popen([sys.executable, *args, *map(str, buckets)])
+
+
+async def join_as_rank_1(eng: SGLangEngine, port: int) -> None:
+    await eng.init_weights_group(
+        master_address="127.0.0.1",
+        master_port=port,
+        rank=1,
+        world_size=2,
+        backend="gloo",
+        group_name="flywheel_weights",
+    )
+
+
 async def test_distributed_update_per_tensor_through_a_real_gloo_group(
     sgl: SGLangEngine, standin: SGLangStandIn, other_model_dir: Path
 ) -> None:
@@ -177,27 +217,16 @@ async def test_distributed_update_per_tensor_through_a_real_gloo_group(
     refused = await sgl.update_weights_from_distributed(make_manifest(sd, 1), specs, 4096)
     assert not refused.ok and "bucket_bytes=0" in refused.message
     port = free_port()
-    sender = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tests.rollout.weights_sender",
-            str(other_model_dir),
-            str(port),
-            "2",
-            "0",
-        ]
-    )
+    sender = start_sender(other_model_dir, port, 0)
     try:
-        await sgl.init_weights_group(
-            master_address="127.0.0.1",
-            master_port=port,
-            rank=1,
-            world_size=2,
-            backend="gloo",
-            group_name="flywheel_weights",
-        )
-        init = dict(standin.calls)["/init_weights_update_group"]
+        await join_as_rank_1(sgl, port)
+        # A group of that name left from an earlier attempt is destroyed first (here there
+        # is none: SGLang answers 400 "does not exist", which the client accepts).
+        assert standin.paths()[-2:] == [
+            "/destroy_weights_update_group",
+            "/init_weights_update_group",
+        ]
+        [init] = standin.bodies("/init_weights_update_group")
         assert init == {
             "master_address": "127.0.0.1",
             "master_port": port,
@@ -208,12 +237,14 @@ async def test_distributed_update_per_tensor_through_a_real_gloo_group(
         }
         r = await sgl.update_weights_from_distributed(make_manifest(sd, 1), specs, 0)
         assert r.ok, r.message
-        body = dict(standin.calls)["/update_weights_from_distributed"]
+        [body] = standin.bodies("/update_weights_from_distributed")
         assert body["names"] == [s.name for s in specs] and body["group_name"] == "flywheel_weights"
         assert body["dtypes"][0] == "float32" and body["weight_version"] == "1"
         got = standin.engine.current_weights()
         assert all(torch.equal(got[k], v) for k, v in sd.items())
-        await standin.engine.close_weights_group()
+        group = standin.groups["flywheel_weights"]
+        assert group is not None
+        await asyncio.to_thread(group.close)  # the sender's closing barrier
         assert await asyncio.to_thread(sender.wait, 60) == 0
     finally:
         if sender.poll() is None:
@@ -230,7 +261,7 @@ async def test_abort_all_returns_partial_output(sgl: SGLangEngine, standin: SGLa
     await sgl.abort_all()
     c = await task
     assert c.stop_reason == "abort" and 3 <= len(c.output_ids) < 300
-    assert ("/abort_request", {"rid": "", "abort_all": True}) in standin.calls
+    assert {"rid": "", "abort_all": True} in standin.bodies("/abort_request")
 
 
 def test_launch_command_and_response_parsing() -> None:
@@ -268,3 +299,295 @@ def test_launch_command_and_response_parsing() -> None:
         parse_generate_response(dict(ok, output_ids=[5, 7]))
     with pytest.raises(SGLangError, match="finish_reason"):
         parse_generate_response({"meta_info": {"finish_reason": {"type": "weird"}}})
+
+
+# ------------------------------------------------------------ issue 18: the real contract
+
+
+def _publish(model_dir: Path, root: Path, version: int) -> tuple[Path, WeightManifest]:
+    sd = named_parameters_for_update(load_model(model_dir))
+    path = root / f"v{version}"
+    return path, save_weights(path, sd, version)
+
+
+async def test_tokens_carry_the_version_the_server_reports_not_the_clients_snapshot(
+    sgl: SGLangEngine,
+    standin: SGLangStandIn,
+    other_model_dir: Path,
+    tmp_path: Path,
+) -> None:
+    """A request that is still on the wire when a pause lands waits inside the server and
+    runs after the update, on the new weights: its tokens must say version 1, although the
+    client took its snapshot (0) before the update (SGLang labels them through
+    `meta_info.weight_version`, `managers/tokenizer_manager.py`)."""
+    path, manifest = _publish(other_model_dir, tmp_path, 1)
+    standin.in_transit.set()
+    prompt = PROMPTS[2]
+    task = asyncio.create_task(
+        sgl.agenerate(prompt, SamplingParams(greedy=True, max_new_tokens=8, ignore_eos=True))
+    )
+    await wait_for(lambda: standin.arrived == 1, "the request reached the server's socket")
+    r = await sgl.update_weights_from_disk(str(path), manifest)
+    assert r.ok, r.message
+    standin.in_transit.clear()
+    c = await task
+    assert c.output_ids == hf_greedy(load_model(other_model_dir), prompt, 8)  # new weights
+    assert c.versions == [1] * 8
+    assert len(standin.bodies("/generate")) == 1  # it was never interrupted
+    assert sgl.server_restarts == 0
+
+
+async def test_a_restarted_server_on_base_weights_is_noticed_and_resynced(
+    sgl: SGLangEngine,
+    standin: SGLangStandIn,
+    tiny_model_dir: Path,
+    other_model_dir: Path,
+    tmp_path: Path,
+) -> None:
+    """SGLang restarted (OOM-killed, rescheduled) comes back on its launch weights and
+    reports `weight_version` "default" (`arg_groups/fields/serving.py`). The client must
+    not keep labelling those tokens with the version it had installed: it reports version
+    0 (what is served), forgets the lost group, and a later update brings it back."""
+    greedy = SamplingParams(greedy=True, max_new_tokens=6, ignore_eos=True)
+    path1, m1 = _publish(other_model_dir, tmp_path, 1)
+    assert (await sgl.update_weights_from_disk(str(path1), m1)).ok
+    c = await sgl.agenerate(PROMPTS[0], greedy)
+    assert c.versions == [1] * 6 and sgl.version == 1
+
+    standin.restart()
+    c = await sgl.agenerate(PROMPTS[0], greedy)
+    assert c.output_ids == hf_greedy(load_model(tiny_model_dir), PROMPTS[0], 6)  # base
+    assert c.versions == [0] * 6
+    assert sgl.version == 0 and sgl.checksum == "" and sgl.server_restarts == 1
+
+    # Re-sync: the next published weights are accepted (the version moves forward again).
+    path2, m2 = _publish(other_model_dir, tmp_path, 2)
+    r = await sgl.update_weights_from_disk(str(path2), m2)
+    assert r.ok and r.version == 2, r.message
+    c = await sgl.agenerate(PROMPTS[0], greedy)
+    assert c.versions == [2] * 6 and sgl.server_restarts == 1
+
+
+async def test_a_client_restarted_against_a_running_server_takes_its_version(
+    standin: SGLangStandIn, other_model_dir: Path, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The rollout process restarts, SGLang keeps running on published weights (version 1):
+    the new client starts at version 1 (`GET /model_info`), not 0."""
+    first = SGLangEngine(standin.url, model_path=str(tiny_model_dir), scratch_dir=str(tmp_path))
+    await first.start()
+    path, manifest = _publish(other_model_dir, tmp_path, 1)
+    assert (await first.update_weights_from_disk(str(path), manifest)).ok
+    await first._gen.aclose()
+    await first._ctl.aclose()
+    second = SGLangEngine(standin.url, model_path=str(tiny_model_dir), scratch_dir=str(tmp_path))
+    await second.start()
+    try:
+        assert second.version == 1
+    finally:
+        await second.stop()
+
+
+async def test_control_calls_do_not_queue_behind_generation(
+    sgl: SGLangEngine, standin: SGLangStandIn
+) -> None:
+    """100 generation requests in flight hold 100 connections (httpx's default pool size):
+    a pause must still reach the server at once, on a connection of its own."""
+    n = 100
+    standin.in_transit.set()
+    tasks = [
+        asyncio.create_task(sgl.agenerate(PROMPTS[i % 5], SamplingParams(max_new_tokens=1)))
+        for i in range(n)
+    ]
+    await wait_for(lambda: standin.arrived == n, "all generation requests reached the server")
+    pause = asyncio.create_task(sgl.pause())
+    await wait_for(lambda: "/pause_generation" in standin.paths(), "the pause reached the server")
+    assert standin.arrived == n and not any(t.done() for t in tasks)  # all still held
+    await pause
+    assert standin.paused
+    standin.in_transit.clear()
+    await sgl.resume()
+    done = await asyncio.gather(*tasks)
+    assert all(len(c.output_ids) == 1 for c in done)
+    gen_ports = {port for path, _, port in standin.calls if path == "/generate"}
+    ctl_ports = {port for path, _, port in standin.calls if path != "/generate"}
+    assert gen_ports.isdisjoint(ctl_ports)
+
+
+async def test_health_is_503_while_paused_and_the_client_uses_ping(
+    sgl: SGLangEngine, standin: SGLangStandIn
+) -> None:
+    """SGLang's `/health` generates one token, so a paused server answers 503 (after
+    `SGLANG_HEALTH_CHECK_TIMEOUT`); a liveness check built on it would restart a server
+    in the middle of a long update. The client's check is `/ping`, 200 while paused."""
+    import httpx
+
+    await sgl.pause()
+    async with httpx.AsyncClient(base_url=standin.url) as raw:
+        assert (await raw.get("/health")).status_code == 503
+        assert (await raw.get("/ready")).status_code == 503
+        assert (await raw.get("/ping")).status_code == 200
+    assert await sgl.alive()
+    await sgl.resume()
+    async with httpx.AsyncClient(base_url=standin.url) as raw:
+        assert (await raw.get("/health")).status_code == 200
+
+
+async def test_abort_before_prefill_returns_no_tokens_and_is_not_resubmitted(
+    sgl: SGLangEngine, standin: SGLangStandIn
+) -> None:
+    """An operator's `/abort_request` reaches a request still queued before prefill: SGLang
+    pops it from the waiting queue and answers `abort` with no tokens
+    (`managers/scheduler.py` `abort_request`). The client returns that as an aborted,
+    empty completion; it does not resubmit a request it did not interrupt itself."""
+    import httpx
+
+    standin.hold_prefill.set()
+    task = asyncio.create_task(sgl.agenerate(PROMPTS[1], SamplingParams(max_new_tokens=5)))
+    await wait_for(lambda: standin.waiting == 1, "the request queued before prefill")
+    async with httpx.AsyncClient(base_url=standin.url) as operator:
+        r = await operator.post("/abort_request", json={"rid": "", "abort_all": True})
+        assert r.status_code == 200
+    standin.hold_prefill.clear()  # a resubmission would now generate tokens
+    c = await task
+    assert c.stop_reason == "abort" and c.output_ids == [] and c.versions == []
+    assert len(standin.bodies("/generate")) == 1
+
+
+async def test_abort_before_prefill_by_our_own_update_is_resubmitted(
+    sgl: SGLangEngine, standin: SGLangStandIn, other_model_dir: Path, tmp_path: Path
+) -> None:
+    """The same empty abort caused by the client's own pause (a weight update) is
+    resubmitted after the update and runs on the new weights, nothing lost."""
+    path, manifest = _publish(other_model_dir, tmp_path, 1)
+    standin.hold_prefill.set()
+    task = asyncio.create_task(
+        sgl.agenerate(PROMPTS[3], SamplingParams(greedy=True, max_new_tokens=5, ignore_eos=True))
+    )
+    await wait_for(lambda: standin.waiting == 1, "the request queued before prefill")
+    assert (await sgl.update_weights_from_disk(str(path), manifest)).ok
+    await wait_for(lambda: len(standin.bodies("/generate")) == 2, "the resubmission")
+    standin.hold_prefill.clear()
+    c = await task
+    assert c.stop_reason == "length" and c.versions == [1] * 5
+    assert c.output_ids == hf_greedy(load_model(other_model_dir), PROMPTS[3], 5)
+
+
+async def test_context_overflow_is_a_clear_error(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """SGLang answers HTTP 400 when prompt + max_new_tokens exceed the context length
+    (`managers/tokenizer_manager.py` `_validate_one_request`)."""
+    standin = SGLangStandIn(tiny_model_dir, context_len=16).start()
+    eng = SGLangEngine(standin.url, model_path=str(tiny_model_dir), scratch_dir=str(tmp_path))
+    await eng.start()
+    try:
+        with pytest.raises(ContextOverflowError, match="gconfig.max_tokens"):
+            await eng.agenerate(PROMPTS[0], SamplingParams(max_new_tokens=20))
+        capped = SamplingParams(max_new_tokens=20, max_tokens=16, ignore_eos=True)
+        c = await eng.agenerate(PROMPTS[0], capped)
+        assert len(PROMPTS[0]) + len(c.output_ids) == 16 and c.stop_reason == "length"
+    finally:
+        await eng.stop()
+        standin.stop()
+    assert standin.contract_errors == []
+
+
+async def test_unknown_tensor_names_warned_and_all_unknown_refused(
+    sgl: SGLangEngine,
+    standin: SGLangStandIn,
+    other_model_dir: Path,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """SGLang loads the names its model has and skips the rest with a warning. The client
+    warns too, and refuses an update none of whose names is known (a prefix mismatch
+    would otherwise leave the old weights serving under the new version)."""
+    sd = named_parameters_for_update(load_model(other_model_dir))
+    extra = {**sd, "not.a.weight": torch.zeros(3)}
+    m1 = save_weights(tmp_path / "v1", extra, 1)
+    with caplog.at_level("WARNING"):
+        r = await sgl.update_weights_from_disk(str(tmp_path / "v1"), m1)
+    assert r.ok, r.message
+    assert any("not.a.weight" in w for w in standin.warnings)
+    assert sgl.unknown_names == 1 and "ignore tensor names" in caplog.text
+    assert torch.equal(
+        standin.engine.current_weights()["model.norm.weight"], sd["model.norm.weight"]
+    )
+    prefixed = {f"_fsdp_wrapped_module.{k}": v for k, v in sd.items()}
+    m2 = save_weights(tmp_path / "v2", prefixed, 2)
+    r = await sgl.update_weights_from_disk(str(tmp_path / "v2"), m2)
+    assert not r.ok and "none of the" in r.message and sgl.version == 1
+    assert len(standin.bodies("/update_weights_from_disk")) == 1
+
+
+async def test_a_group_is_destroyed_before_it_is_created_again(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """SGLang refuses a group name that is taken (torch: "The specified group name has
+    already been used"); after a failed publication the trainer creates the group again,
+    so the client destroys the old one first. (The real join over gloo is
+    `test_distributed_update_per_tensor_through_a_real_gloo_group`; here the stand-in
+    records groups without joining them.)"""
+    import httpx
+
+    standin = SGLangStandIn(tiny_model_dir, join_groups=False).start()
+    eng = SGLangEngine(standin.url, model_path=str(tiny_model_dir), scratch_dir=str(tmp_path))
+    await eng.start()
+    try:
+        await join_as_rank_1(eng, free_port())
+        [first] = standin.bodies("/init_weights_update_group")
+        async with httpx.AsyncClient(base_url=standin.url) as raw:
+            again = await raw.post("/init_weights_update_group", json=first)
+        assert again.status_code == 400 and "already been used" in again.text
+        await join_as_rank_1(eng, free_port())  # the client's second attempt succeeds
+        assert standin.paths()[-3:] == [
+            "/init_weights_update_group",  # the raw one, refused
+            "/destroy_weights_update_group",
+            "/init_weights_update_group",
+        ]
+        assert standin.bodies("/destroy_weights_update_group")[-1] == {
+            "group_name": "flywheel_weights"
+        }
+        assert list(standin.groups) == ["flywheel_weights"]
+    finally:
+        await eng.stop()
+        standin.stop()
+    assert standin.contract_errors == []
+
+
+async def test_a_tp_replica_takes_ranks_offset_plus_tp_rank(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """SGLang ranks each TP worker at `rank_offset + tp_rank`
+    (`model_runner_components/weight_updater.py`): a tp_size=2 replica at offset 3 of a
+    world of 5 takes ranks 3 and 4, and one that would not fit is refused by the client."""
+    standin = SGLangStandIn(tiny_model_dir, tp_size=2).start()
+    eng = SGLangEngine(
+        standin.url, model_path=str(tiny_model_dir), scratch_dir=str(tmp_path), tp_size=2
+    )
+    await eng.start()
+    try:
+        kw = {"master_address": "127.0.0.1", "master_port": free_port(), "backend": "gloo"}
+        await eng.init_weights_group(rank=3, world_size=5, group_name="g", **kw)  # type: ignore[arg-type]
+        assert standin.group_ranks["g"] == [3, 4]
+        with pytest.raises(WeightsError, match="does not fit"):
+            await eng.init_weights_group(rank=4, world_size=5, group_name="g", **kw)  # type: ignore[arg-type]
+    finally:
+        await eng.stop()
+        standin.stop()
+    assert standin.contract_errors == []
+
+
+def test_versions_parsed_as_sglang_reports_them() -> None:
+    """`meta_info.weight_versions` spans (`utils/weight_versions.py`
+    `add_weight_versions_to_meta_info`: `[start, end)` per version) label each token; a
+    bare `weight_version` labels all; "default" is the launch weights, version 0."""
+    meta = {
+        "weight_version": "4",
+        "weight_versions": [
+            {"version": "3", "start": 0, "end": 2},
+            {"version": "4", "start": 2, "end": 5},
+        ],
+    }
+    assert token_versions(meta, 5, fallback=9) == [3, 3, 4, 4, 4]
+    assert token_versions({"weight_version": "default"}, 2, fallback=9) == [0, 0]
+    assert token_versions({}, 2, fallback=9) == [9, 9]
+    assert server_version("12") == 12 and server_version(None) is None
