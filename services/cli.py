@@ -3,6 +3,7 @@
     flywheel run --config FILE [a.b.c=value ...] [--dry-run]
     flywheel eval --config FILE [--checkpoint DIR] [overrides ...]
     flywheel status [RUN_DIR | --config FILE [overrides ...]]
+    flywheel sft --config FILE [overrides ...] [--dry-run]   (services.trainer.sft)
     flywheel doctor RUN_DIR [--json] | --config FILE --experiments [overrides ...]
 
 `eval` and `status` parse their own arguments in the launcher
@@ -101,6 +102,10 @@ def _launcher_entry(command: str):
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `flywheel` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "sft":
+        from services.trainer.sft import main as sft_main
+
+        return sft_main(argv[1:])
     if argv and argv[0] == "doctor":  # its own arguments; see services/doctor/main.py
         from services.doctor.main import doctor_main
 

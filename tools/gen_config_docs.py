@@ -111,6 +111,19 @@ known data set follows from it unless `reward.fn` is set: GSM8K → `gsm8k`, Geo
 `geometry3k`, CLEVR-Count-70K → `clevr_count`; the dry-run says which. `valid_dataset`
 keeps AReaL's defaults: `shuffle: false`, `drop_last: false`.
 
+### Supervised fine-tuning
+
+`flywheel sft --config FILE [overrides] [--dry-run]` fine-tunes `actor` on the prompt and
+answer rows of `train_dataset` (JSONL or parquet; `prompt_key`, GSM8K's `question` when
+absent, and `answer_key`) with the trainer's engine: the prompt through the chat template
+with the generation prompt, the answer with EOS, the mean negative log-likelihood of the
+answer tokens (the prompt is masked, as in AReaL's SFT), `train_dataset.batch_size` rows
+per optimizer step under `actor.optimizer`, `total_train_steps` or `total_train_epochs`.
+It writes `sft_metrics.jsonl`, the tracking block's writers (`sft/loss`, `sft/lr`,
+`sft/grad_norm`, `sft/n_tokens`) and the model as a Hugging Face directory at
+`<trial dir>/sft/hf`, which `actor.path` of an RL run can name. AReaL's `gsm8k_sft.yaml`
+loads with it (translated as above).
+
 ### Experiment tracking
 
 The `tracking` block is AReaL's `stats_logger`. The trainer's rank 0 writes every step

@@ -201,8 +201,13 @@ class Tracker:
 
     def log(self, record: Mapping[str, Any]) -> dict[str, float]:
         """Write one step record; returns what was written (name: value)."""
-        step = int(record.get("step", 0))
         metrics = areal_metrics(record)
+        self.log_named(metrics, int(record.get("step", 0)))
+        return metrics
+
+    def log_named(self, metrics: Mapping[str, float], step: int) -> None:
+        """Write metrics that already carry their names (`sft/loss`, ...) at `step`."""
+        metrics = {k: float(v) for k, v in metrics.items() if _number(v) is not None}
         if self._tb is not None:
             for name, value in metrics.items():
                 self._tb.add_scalar(name, value, global_step=step)
@@ -213,7 +218,6 @@ class Tracker:
             import mlflow
 
             mlflow.log_metrics(metrics, step=step)
-        return metrics
 
     def close(self) -> None:
         """Flush and close every writer (idempotent)."""

@@ -794,8 +794,8 @@ class _Translator:
                     kind,
                     IGNORED,
                     f"AReaL trains {kind!r} with another entry point; `flywheel run` trains "
-                    "with RL on these prompts (supervised fine-tuning is not a Flywheel "
-                    "command yet)",
+                    "with RL on these prompts, `flywheel sft --config FILE` fine-tunes on "
+                    "their answers",
                 )
             )
 
