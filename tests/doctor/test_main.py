@@ -103,3 +103,58 @@ def test_a_live_replica_refusing_an_update_fails_weight_sync(tmp_path: Path, liv
     assert main(["doctor", str(run)]) == 2
     out = capsys.readouterr().out
     assert "FAIL  weight_sync" in out and "refused 1" in out
+
+
+def test_a_live_ledger_counts_each_filtered_group_once(tmp_path: Path, capsys):
+    # The rollout counts a group the buffer filtered as rejected{reason="filtered"} too
+    # (services/rollout/loop.py `_put`): doctor takes the buffer's count, and adds only the
+    # rollout's groups that never reached the buffer (here 2 timeouts).
+    from services.buffer.metrics import build_metrics
+    from services.buffer.store import StatsSnapshot
+
+    buffer = build_metrics(CollectorRegistry())
+    dropped = {"filtered": 90, "stale_at_put": 0, "stale_at_claim": 0, "invalid": 0}
+    buffer.snapshot.update(
+        StatsSnapshot(
+            version=3,
+            put=100,
+            admitted=10,
+            acked=10,
+            claimed=10,
+            duplicate=0,
+            redelivered=0,
+            dropped=dropped,
+            pending=0,
+            in_flight=0,
+            stored_bytes=0,
+            capacity=4,
+            running=0,
+            accepted=10,
+            retained=0,
+            reservations_expired=0,
+        )
+    )
+    rollout = RolloutMetrics()
+    rollout.groups_rejected.labels(reason="filtered").inc(90)
+    rollout.groups_rejected.labels(reason="timeout").inc(2)
+    servers = [
+        start_http_server(0, addr="127.0.0.1", registry=r)
+        for r in (buffer.registry, rollout.registry)
+    ]
+    try:
+        b, r = (f"http://127.0.0.1:{s.server_port}/metrics" for s, _ in servers)
+        run = make_run(tmp_path, summary=False)
+        (run / "services.json").write_text(
+            json.dumps({"buffer": {"metrics": b}, "rollout": [{"metrics": r}]})
+        )
+        main(["doctor", str(run), "--json"])
+    finally:
+        for server, thread in servers:
+            server.shutdown()
+            server.server_close()
+            thread.join()
+    check = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}["dropped_groups"]
+    # 90 of 100 put: above the 0.8 warning line, below the 0.95 failure line
+    assert check["numbers"]["filtered_fraction"] == 0.9 and check["status"] == "warn"
+    assert check["numbers"]["not_put_by_rollout"] == {"timeout": 2.0}
+    assert "never put: timeout 2" in check["summary"]
