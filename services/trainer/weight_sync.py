@@ -10,7 +10,12 @@ the version it now serves.
   Older directories beyond `keep_weight_versions` are deleted.
 - `distributed`: a torch.distributed group of rank 0 + every replica (gloo on CPU, NCCL
   on GPU), built once; each update broadcasts the tensors in buckets from rank 0 while the
-  replicas' UpdateWeights calls receive them.
+  replicas' UpdateWeights calls receive them. An SGLang replica with `tp_size` N holds N
+  ranks (SGLang ranks each TP worker at `rank_offset + tp_rank`), so replica i joins at
+  `rank_offset = 1 + N * i` and the world is `1 + N * replicas` (`group_layout`). A replica
+  found serving an older version than the group last gave it (its server restarted and
+  lost the group) makes the group be rebuilt; replicas destroy a group of the same name
+  before joining again.
 - `grpc`: the tensors streamed as chunks to each replica.
 
 A publication is complete when every replica answers with the new version, or has failed
@@ -69,6 +74,21 @@ def replica_addresses(cfg: FlywheelConfig) -> list[str]:
     return [ep.replica_address(i) for i in range(cfg.rollout.n_replicas)]
 
 
+def replica_ranks(cfg: FlywheelConfig) -> int:
+    """Ranks one replica holds in the weights group: SGLang's `tp_size` (one per TP worker),
+    1 for the torch engine."""
+    return cfg.rollout.sglang.tp_size if cfg.rollout.engine == "sglang" else 1
+
+
+def group_layout(n_members: int, ranks_per_member: int) -> tuple[int, list[int]]:
+    """World size and each member's `rank_offset` of a weights group: the trainer is rank 0,
+    member i holds ranks `1 + ranks_per_member * i .. + ranks_per_member - 1`."""
+    if n_members < 1 or ranks_per_member < 1:
+        raise ValueError(f"{n_members} members x {ranks_per_member} ranks: both must be >= 1")
+    offsets = [1 + ranks_per_member * i for i in range(n_members)]
+    return 1 + ranks_per_member * n_members, offsets
+
+
 def version_dir(weight_dir: str | os.PathLike[str], version: int) -> Path:
     return Path(weight_dir) / f"v{version:08d}"
 
@@ -104,6 +124,7 @@ class WeightPublisher:
         self.failures_total = 0
         self._group: WeightsGroup | None = None
         self._group_members: list[str] = []
+        self._group_version = -1  # the version the group last delivered to every member
 
     @property
     def enabled(self) -> bool:
@@ -249,6 +270,7 @@ class WeightPublisher:
     def _drop_group(self) -> None:
         self._group = None
         self._group_members = []
+        self._group_version = -1
 
     async def _ensure_group(self, members: list[str]) -> None:
         if self._group is not None and self._group_members == members:
@@ -258,14 +280,14 @@ class WeightPublisher:
         port = self.cfg.trainer.weights_group_port or free_port(
             "127.0.0.1" if addr in ("127.0.0.1", "localhost") else ""
         )
-        world = 1 + len(members)
+        world, offsets = group_layout(len(members), replica_ranks(self.cfg))
         backend = (
             "nccl" if torch.cuda.is_available() and self.cfg.trainer.backend == "nccl" else "gloo"
         )
         timeout = self.cfg.rollout.weight_update_timeout
         joins = [
-            self.clients[m].init_weights_group(addr, port, i + 1, world, backend)
-            for i, m in enumerate(members)
+            self.clients[m].init_weights_group(addr, port, offset, world, backend)
+            for m, offset in zip(members, offsets, strict=True)
         ]
         host = asyncio.to_thread(
             WeightsGroup,
@@ -288,10 +310,21 @@ class WeightPublisher:
     ) -> dict[str, str | None]:
         # A broadcast is collective: every member must take part, so the group is exactly
         # the replicas that answer right now.
-        alive = [a for a, v in (await self.versions()).items() if v is not None and a in targets]
+        served = await self.versions()
+        alive = [a for a, v in served.items() if v is not None and a in targets]
         outcomes: dict[str, str | None] = {a: "unreachable" for a in targets if a not in alive}
         if not alive:
             return outcomes
+        regressed = [a for a in alive if (served[a] or 0) < self._group_version]
+        if self._group is not None and regressed:
+            # Back on older weights than the group gave it: its server restarted and lost
+            # the group, and a broadcast to it would hang. Rebuild with everyone.
+            log.warning(
+                "replica serves an older version than the weights group delivered; "
+                "rebuilding the group",
+                extra={"replicas": regressed, "group_version": self._group_version},
+            )
+            self._drop_group()
         try:
             await self._ensure_group(alive)
         except Exception as exc:  # noqa: BLE001
@@ -321,4 +354,6 @@ class WeightPublisher:
             outcomes[a] = await self._guarded(a, task, manifest.version)
         if any(outcomes[a] is not None for a in alive):
             self._drop_group()
+        else:
+            self._group_version = manifest.version
         return outcomes

@@ -32,7 +32,13 @@ from services.trainer.logprobs import token_logprobs
 from services.trainer.loop import TrainerLoop
 from services.trainer.paths import RunPaths
 from services.trainer.ppo import PPOTrainer
-from services.trainer.weight_sync import LATEST_FILE, WeightPublisher, version_dir
+from services.trainer.weight_sync import (
+    LATEST_FILE,
+    WeightPublisher,
+    group_layout,
+    replica_ranks,
+    version_dir,
+)
 from tests.trainer.helpers import synthetic_groups, trainer_config
 from tests.trainer.services import ROOT, running_buffer, wait_serving, write_config
 
@@ -272,3 +278,81 @@ def test_unreachable_replica_is_marked_unhealthy_and_counted(setup: dict) -> Non
     assert list(report.failed) == [dead]
     assert failures == 1
     assert unhealthy == {dead}
+
+
+# ----------------------------------------------- issue 18: ranks of tensor-parallel replicas
+
+
+def test_group_layout_gives_every_tp_worker_its_own_rank(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """SGLang ranks each TP worker at `rank_offset + tp_rank`
+    (`sglang/srt/model_executor/model_runner_components/weight_updater.py`
+    `init_weights_update_group`). Two replicas of tp_size 2 behind trainer rank 0:
+    replica 0 -> ranks 1, 2 (offset 1), replica 1 -> ranks 3, 4 (offset 1 + 2 = 3),
+    world = 1 + 2 * 2 = 5. With tp_size 1 it is the old 1..N layout."""
+    assert group_layout(2, 2) == (5, [1, 3])
+    assert group_layout(3, 1) == (4, [1, 2, 3])
+    assert group_layout(1, 8) == (9, [1])
+    with pytest.raises(ValueError, match=">= 1"):
+        group_layout(0, 2)
+    sglang = trainer_config(
+        tiny_model_dir, tmp_path, "rollout.engine=sglang", "rollout.sglang.tp_size=4"
+    )
+    assert replica_ranks(sglang) == 4
+    # The torch engine holds one rank whatever tp_size says.
+    torch_cfg = trainer_config(tiny_model_dir, tmp_path, "rollout.sglang.tp_size=4")
+    assert replica_ranks(torch_cfg) == 1
+
+
+async def test_sglang_tp_replicas_are_asked_for_offset_plus_tp_rank(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Two real rollout servicers (gRPC on loopback), each with the SGLang client engine in
+    front of a tp_size=2 stand-in that checks the rank layout (and records the group
+    without joining it, so the trainer's rendezvous then times out and the publication
+    reports the replicas failed: what is checked is what each replica was asked)."""
+    from flywheel_proto.v1 import rollout_pb2_grpc
+    from services.common.grpc_server import ServiceServer
+    from services.rollout.engine.sglang_engine import SGLangEngine
+    from services.rollout.metrics import RolloutMetrics
+    from services.rollout.servicer import RolloutServicer
+    from tests.rollout.sglang_standin import SGLangStandIn
+
+    standins = [SGLangStandIn(tiny_model_dir, tp_size=2, join_groups=False) for _ in range(2)]
+    engines, servers, addresses = [], [], []
+    for i, s in enumerate(standins):
+        s.start()
+        eng = SGLangEngine(s.url, model_path=str(tiny_model_dir), tp_size=2)
+        await eng.start()
+        server = ServiceServer("rollout", service_names=["flywheel.v1.RolloutService"])
+        servicer = RolloutServicer(eng, rollout_id=f"rollout-{i}", metrics=RolloutMetrics())
+        rollout_pb2_grpc.add_RolloutServiceServicer_to_server(servicer, server.server)
+        addresses.append(f"127.0.0.1:{await server.start()}")
+        engines.append(eng)
+        servers.append(server)
+    cfg = trainer_config(
+        tiny_model_dir,
+        tmp_path,
+        "rollout.engine=sglang",
+        "rollout.sglang.tp_size=2",
+        "rollout.n_replicas=2",
+        "trainer.weight_transport=distributed",
+        "rollout.weight_update_timeout=5",
+    )
+    pub = WeightPublisher(cfg, weight_dir=tmp_path / "w", addresses=addresses)
+    try:
+        sd = {"model.norm.weight": torch.ones(4)}
+        report = await pub.publish(sd, 1)
+    finally:
+        await pub.close()
+        for eng, server, s in zip(engines, servers, standins, strict=True):
+            await eng.stop()
+            await server.stop(grace=1)
+            s.stop()
+    inits = [s.bodies("/init_weights_update_group") for s in standins]
+    assert [[b["rank_offset"] for b in i] for i in inits] == [[1], [3]]
+    assert {b["world_size"] for i in inits for b in i} == {5}
+    assert [s.group_ranks["flywheel_weights"] for s in standins] == [[1, 2], [3, 4]]
+    assert all(s.contract_errors == [] for s in standins)
+    assert set(report.failed) == set(addresses)  # nobody joined the trainer's rendezvous
