@@ -116,6 +116,58 @@ def _crd_models() -> dict[tuple[str, str], Any]:
     }
 
 
+# cert-manager's Certificate (cert-manager.io/v1): the fields of its spec, for a strict
+# check of the chart's Certificate without the CRD's models installed.
+_CERTIFICATE_SPEC = {
+    "additionalOutputFormats", "commonName", "dnsNames", "duration", "emailAddresses",
+    "encodeUsagesInRequest", "ipAddresses", "isCA", "issuerRef", "keystores",
+    "literalSubject", "nameConstraints", "otherNames", "privateKey", "renewBefore",
+    "renewBeforePercentage", "revisionHistoryLimit", "secretName", "secretTemplate",
+    "signatureAlgorithm", "subject", "uris", "usages",
+}  # fmt: skip
+_CERTIFICATE_USAGES = {
+    "signing", "digital signature", "content commitment", "key encipherment",
+    "key agreement", "data encipherment", "cert sign", "crl sign", "encipher only",
+    "decipher only", "any", "server auth", "client auth", "code signing", "email protection",
+    "s/mime", "ipsec end system", "ipsec tunnel", "ipsec user", "timestamping", "ocsp signing",
+    "microsoft sgc", "netscape sgc",
+}  # fmt: skip
+
+
+def _certificate_errors(obj: Mapping[str, Any], label: str) -> list[str]:
+    spec = obj.get("spec") or {}
+    errors = [f"{label}: unknown field .spec.{k}" for k in spec if k not in _CERTIFICATE_SPEC]
+    errors += [
+        f"{label}: .spec.{k} is required" for k in ("secretName", "issuerRef") if k not in spec
+    ]
+    issuer = spec.get("issuerRef") or {}
+    errors += [
+        f"{label}: unknown field .spec.issuerRef.{k}"
+        for k in issuer
+        if k not in ("name", "kind", "group")
+    ]
+    if not issuer.get("name"):
+        errors.append(f"{label}: .spec.issuerRef.name is required")
+    key = spec.get("privateKey") or {}
+    errors += [
+        f"{label}: unknown field .spec.privateKey.{k}"
+        for k in key
+        if k not in ("algorithm", "encoding", "rotationPolicy", "size")
+    ]
+    errors += [
+        f"{label}: unknown usage {u!r}"
+        for u in spec.get("usages") or []
+        if u not in _CERTIFICATE_USAGES
+    ]
+    names = spec.get("dnsNames") or []
+    if not (names or spec.get("commonName") or spec.get("ipAddresses") or spec.get("uris")):
+        errors.append(f"{label}: a Certificate needs dnsNames, commonName, ipAddresses or uris")
+    errors += [
+        f"{label}: .spec.dnsNames: not a string: {n!r}" for n in names if not isinstance(n, str)
+    ]
+    return errors
+
+
 def _unknown_paths(given: Any, kept: Any, path: str = "") -> Iterable[str]:
     """Paths present in `given` that a model round trip dropped (fields the CRD lacks)."""
     if isinstance(given, dict):
@@ -140,6 +192,8 @@ def validate_object(obj: Mapping[str, Any], version: str | None = None) -> list[
     version = version or kubernetes_version()
     kind, api = obj.get("kind", "?"), obj.get("apiVersion", "?")
     label = f"{kind}/{obj.get('metadata', {}).get('name', '?')}"
+    if (api, kind) == ("cert-manager.io/v1", "Certificate"):
+        return _certificate_errors(obj, label)
     model = _crd_models().get((api, kind))
     if model is not None:
         try:
@@ -198,9 +252,18 @@ def _field_value(path: str, pod_name: str, index: int) -> str:
     raise ValueError(f"no value for fieldRef {path!r} in the preflight")
 
 
-def container_env(container: Mapping[str, Any], pod_name: str, index: int) -> dict[str, str]:
+def container_env(
+    container: Mapping[str, Any],
+    pod_name: str,
+    index: int,
+    secrets: Mapping[str, Mapping[str, str]] | None = None,
+) -> dict[str, str]:
     """A container's environment as the kubelet builds it: values (themselves expanded
-    against the variables before them), fieldRefs, and a stand-in for each secret key."""
+    against the variables before them), fieldRefs, and secret keys: the value of a Secret
+    the chart rendered (`secrets`: name -> base64 `data`), else a stand-in."""
+    import base64
+
+    secrets = secrets or {}
     env: dict[str, str] = {}
     for item in container.get("env") or []:
         if "value" in item:
@@ -210,7 +273,13 @@ def container_env(container: Mapping[str, Any], pod_name: str, index: int) -> di
                 item["valueFrom"]["fieldRef"]["fieldPath"], pod_name, index
             )
         elif "secretKeyRef" in item.get("valueFrom", {}):
-            env[item["name"]] = "preflight-" + item["valueFrom"]["secretKeyRef"]["key"]
+            ref = item["valueFrom"]["secretKeyRef"]
+            data = secrets.get(ref["name"], {})
+            env[item["name"]] = (
+                base64.b64decode(data[ref["key"]]).decode()
+                if ref["key"] in data
+                else "preflight-" + ref["key"]
+            )
     return env
 
 
@@ -258,6 +327,7 @@ def preflight(objects: Iterable[Mapping[str, Any]]) -> list[str]:
             most = obj["spec"].get("maxReplicaCount", obj["spec"].get("maxReplicas", 1))
             _MAX_REPLICAS[target] = int(most)
     config_maps = {o["metadata"]["name"]: o["data"] for o in objects if o["kind"] == "ConfigMap"}
+    secrets = {o["metadata"]["name"]: o.get("data") or {} for o in objects if o["kind"] == "Secret"}
     problems: list[str] = []
     with tempfile.TemporaryDirectory(prefix="flywheel-preflight-") as tmp:
         for obj in objects:
@@ -270,7 +340,7 @@ def preflight(objects: Iterable[Mapping[str, Any]]) -> list[str]:
                 if service is None:
                     continue
                 for pod_name, index in _pods(obj):
-                    env = container_env(container, pod_name, index)
+                    env = container_env(container, pod_name, index, secrets)
                     args = [_remap(expand(a, env), mounts) for a in container.get("args") or []]
                     env = {k: _remap(v, mounts) for k, v in env.items()}
                     label = f"{obj['kind']}/{obj['metadata']['name']} pod {pod_name} ({service})"

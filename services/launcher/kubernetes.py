@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import yaml
 
@@ -54,6 +55,40 @@ GRPC_SERVICE = {
 }
 # Start order: each stage must be ready before the next starts (as the local launcher).
 STAGES: tuple[tuple[str, ...], ...] = (("redis",), ("buffer", "reward"), ("rollout",), ("trainer",))
+
+
+NETWORK: dict[str, list[dict[str, str]]] = {
+    "redis": [{"from": "buffer", "port": "redis"}],
+    "buffer": [{"from": "rollout", "port": "grpc"}, {"from": "trainer", "port": "grpc"}],
+    "reward": [{"from": "rollout", "port": "grpc"}],
+    "rollout": [
+        {"from": "trainer", "port": "grpc"},
+        {"from": "trainer", "port": "any", "when": "distributed"},
+    ],
+    "trainer": [
+        {"from": "trainer", "port": "any"},
+        {"from": "rollout", "port": "any", "when": "distributed"},
+    ],
+}
+"""Who may open a connection to whom (target -> rules), the chart's
+`deploy/helm/flywheel/files/network.yaml` (a test keeps the two equal): each rule is an
+ingress rule of the target and an egress rule of the source, on the target's `grpc` or
+`redis` port or `any` port; `when: distributed` only with `trainer.weight_transport:
+distributed` (NCCL between the trainer and the replicas on ports chosen at run time)."""
+
+METRICS_FROM = [
+    {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+]
+"""Who may scrape the metrics ports: pods of the `monitoring` namespace (the chart's
+`networkPolicy.metricsFrom` default)."""
+
+DNS_TO = [
+    {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+        "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+    }
+]
+"""Where DNS egress may go (the chart's `networkPolicy.dns` default)."""
 
 
 class KubernetesLaunchError(RuntimeError):
@@ -405,6 +440,8 @@ def build_manifests(
             },
         },
     ]
+    # Before any pod exists: no pod ever runs unconfined.
+    objects += network_policies(cfg, names)
 
     if not external_redis:
         objects.append(
@@ -630,6 +667,65 @@ def build_manifests(
     return objects
 
 
+def network_policies(cfg: FlywheelConfig, names: Names) -> list[dict[str, Any]]:
+    """One NetworkPolicy per component from `NETWORK`, ingress and egress: each reaches
+    exactly its peers (and DNS; Redis nothing), the metrics ports only `METRICS_FROM`."""
+    distributed = cfg.trainer.weight_transport == "distributed"
+    external = bool(cfg.buffer.redis_url)
+    redis_port = (urlparse(cfg.buffer.redis_url or "").port or 6379) if external else 6379
+    targets = [c for c in NETWORK if not (c == "redis" and external)]
+
+    def applies(rule: Mapping[str, str]) -> bool:
+        return rule.get("when") != "distributed" or distributed
+
+    def ports(rule: Mapping[str, str]) -> dict[str, Any]:
+        if rule["port"] == "any":
+            return {}
+        port = redis_port if rule["port"] == "redis" else GRPC_PORT
+        return {"ports": [{"port": port, "protocol": "TCP"}]}
+
+    policies = []
+    for to in targets:
+        ingress: list[dict[str, Any]] = [
+            {"from": [{"podSelector": {"matchLabels": _selector(names, r["from"])}}], **ports(r)}
+            for r in NETWORK[to]
+            if applies(r)
+        ]
+        egress: list[dict[str, Any]] = []
+        for target, rules in NETWORK.items():
+            for r in rules:
+                if r["from"] != to or not applies(r):
+                    continue
+                if target == "redis" and external:
+                    egress.append(ports(r))  # the external Redis, wherever it is
+                else:
+                    peer = {"podSelector": {"matchLabels": _selector(names, target)}}
+                    egress.append({"to": [peer], **ports(r)})
+        if to != "redis":
+            ingress.append(
+                {
+                    "ports": [{"port": METRICS_PORT, "protocol": "TCP"}],
+                    "from": copy.deepcopy(METRICS_FROM),
+                }
+            )
+            dns = [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]
+            egress.append({"ports": dns, "to": copy.deepcopy(DNS_TO)})
+        policies.append(
+            {
+                "apiVersion": "networking.k8s.io/v1",
+                "kind": "NetworkPolicy",
+                "metadata": _meta(names, names.of(to), to),
+                "spec": {
+                    "podSelector": {"matchLabels": _selector(names, to)},
+                    "policyTypes": ["Ingress", "Egress"],
+                    "ingress": ingress,
+                    "egress": egress,
+                },
+            }
+        )
+    return policies
+
+
 def _trainer_job(names: Names, pod_spec: dict[str, Any]) -> dict[str, Any]:
     """The trainer as an Indexed Job of one pod, as in the chart: it ends as Complete
     (never restarted after `total_train_steps`); pod 0's hostname `<job>-0` in the
@@ -691,6 +787,7 @@ class KubernetesRun:
         self.core = client.CoreV1Api(self.api_client)
         self.apps = client.AppsV1Api(self.api_client)
         self.batch = client.BatchV1Api(self.api_client)
+        self.networking = client.NetworkingV1Api(self.api_client)
         self.namespace = self.cfg.scheduler.namespace
         self.names = Names(self.cfg.scheduler.release_name, self.namespace)
 
@@ -711,6 +808,7 @@ class KubernetesRun:
             "Deployment": lambda: self.apps.create_namespaced_deployment(ns, obj),
             "StatefulSet": lambda: self.apps.create_namespaced_stateful_set(ns, obj),
             "Job": lambda: self.batch.create_namespaced_job(ns, obj),
+            "NetworkPolicy": lambda: self.networking.create_namespaced_network_policy(ns, obj),
         }
         try:
             calls[kind]()
@@ -744,6 +842,7 @@ class KubernetesRun:
             "Job": lambda: self.batch.delete_namespaced_job(
                 name, ns, propagation_policy="Background"
             ),
+            "NetworkPolicy": lambda: self.networking.delete_namespaced_network_policy(name, ns),
         }
         try:
             calls[kind]()

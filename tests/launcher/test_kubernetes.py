@@ -105,6 +105,50 @@ def test_same_topology_and_names_as_the_chart(cfg, helm_check):
         assert a["livenessProbe"]["httpGet"] == b["livenessProbe"]["httpGet"]
 
 
+def test_network_policies_are_the_charts(cfg, helm_check):
+    """The launcher's policies are built from the same table as the chart's (issue 24): the
+    chart's files/network.yaml equals `NETWORK`, and every policy, ingress and egress, is
+    the one the chart renders for the same release, with disk and with distributed weights
+    (NCCL between trainer and replicas opens the rollout <-> trainer rules to any port)."""
+    table = yaml.safe_load((ROOT / "deploy/helm/flywheel/files/network.yaml").read_text())
+    assert table == k8s.NETWORK
+    for transport in ("disk", "distributed"):
+        run_cfg = cfg.model_copy(deep=True)
+        run_cfg.trainer.weight_transport = transport
+        ours = {
+            o["metadata"]["name"]: o["spec"]
+            for o in k8s.build_manifests(run_cfg)
+            if o["kind"] == "NetworkPolicy"
+        }
+        chart = {
+            o["metadata"]["name"]: o["spec"]
+            for o in helm_check.render(
+                {"trainer": {"weightTransport": transport}}, name="demo", namespace="fw-test"
+            )
+            if o["kind"] == "NetworkPolicy"
+        }
+        assert sorted(ours) == [f"demo-flywheel-{c}" for c in sorted(k8s.NETWORK)]
+        assert ours == chart, transport
+    # created before any workload, so that no pod runs unconfined
+    kinds = [o["kind"] for o in k8s.build_manifests(cfg)]
+    first_workload = min(kinds.index(k) for k in ("Deployment", "StatefulSet", "Job"))
+    assert max(i for i, k in enumerate(kinds) if k == "NetworkPolicy") < first_workload
+
+
+def test_network_policies_with_an_external_redis(cfg):
+    run_cfg = cfg.model_copy(deep=True)
+    run_cfg.buffer.redis_url = "redis://redis.example:6380/0"
+    policies = {
+        o["metadata"]["name"]: o["spec"]
+        for o in k8s.build_manifests(run_cfg, redis_password="pw")
+        if o["kind"] == "NetworkPolicy"
+    }
+    assert "demo-flywheel-redis" not in policies
+    egress = policies["demo-flywheel-buffer"]["egress"]
+    assert egress[0] == {"ports": [{"port": 6380, "protocol": "TCP"}]}  # wherever it lives
+    assert [r["ports"][0]["port"] for r in egress] == [6380, 53]
+
+
 def test_config_map_is_a_loadable_cluster_config_without_secrets(cfg):
     objects = by_kind_name(k8s.build_manifests(cfg, token="tok-123", redis_password="pw-456"))
     text = objects[("ConfigMap", "demo-flywheel-config")]["data"]["flywheel.yaml"]
@@ -204,7 +248,8 @@ def test_dry_run_writes_the_manifests_in_order(tmp_path, helm_check):
     )
     assert result.returncode == 0, result.stderr
     files = sorted(out.iterdir())
-    assert len(files) == 14 and files[0].name == "00-namespace-fw-test.yaml"
+    # 14 objects and a NetworkPolicy for each of the five components
+    assert len(files) == 19 and files[0].name == "00-namespace-fw-test.yaml"
     objects = [yaml.safe_load(p.read_text()) for p in files]
     assert helm_check.validate_objects(objects) == []
     assert [o["kind"] for o in objects][-1] == "Job"
@@ -230,7 +275,7 @@ class StandInCluster:
 
     # route: (group path, resource, name, subresource)
     PATH = re.compile(
-        r"^/(?:api/v1|apis/apps/v1|apis/batch/v1)(?:/namespaces/(?P<ns>[^/]+))?/(?P<res>[a-z]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>[a-z]+))?$"
+        r"^/(?:api/v1|apis/apps/v1|apis/batch/v1|apis/networking\.k8s\.io/v1)(?:/namespaces/(?P<ns>[^/]+))?/(?P<res>[a-z]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>[a-z]+))?$"
     )
     ROOT_NS = re.compile(r"^/api/v1/namespaces(?:/(?P<name>[^/]+))?$")
 
@@ -394,6 +439,13 @@ def test_full_cycle_create_gate_follow_delete(cfg, stand_in):
     assert posts[0] == "/api/v1/namespaces"
     order = [p.rsplit("/", 1)[-1] for p in posts]
     assert order[:4] == ["namespaces", "secrets", "configmaps", "persistentvolumeclaims"]
+    # the NetworkPolicies went through the networking API, before any workload
+    policy_posts = [i for i, p in enumerate(posts) if p.endswith("/networkpolicies")]
+    assert len(policy_posts) == 5
+    assert all(p.startswith("/apis/networking.k8s.io/v1/") for p in posts if "networkpolicies" in p)
+    assert max(policy_posts) < min(
+        i for i, p in enumerate(posts) if p.endswith(("deployments", "statefulsets", "jobs"))
+    )
 
     # gating: the buffer's readiness was read before the rollout was created, and the
     # rollout's before the trainer was created

@@ -257,21 +257,68 @@ initContainers:
 
 {{/* Pod pieces ---------------------------------------------------------------------- */}}
 
-{{/* Environment every Flywheel container gets: secrets, never in args or the ConfigMap. */}}
+{{/* Environment every Flywheel container gets: secrets, never in args or the ConfigMap.
+     Call with (dict "root" $ "component" "buffer"). With per-service credentials every
+     server gets the digests of the callers' tokens (FLYWHEEL_CREDENTIALS) and only the
+     callers get a token, their own role's (FLYWHEEL_TOKEN): rollout and trainer; the
+     buffer and reward dial no Flywheel service and hold no token at all. */}}
 {{- define "flywheel.commonEnv" -}}
+{{- $root := .root -}}
 - name: FLYWHEEL_CONFIG
   value: /etc/flywheel/flywheel.yaml
 - name: POD_NAME
   valueFrom:
     fieldRef:
       fieldPath: metadata.name
-{{- if .Values.auth.enabled }}
+{{- if $root.Values.auth.enabled }}
+{{- if $root.Values.auth.perService }}
+- name: FLYWHEEL_CREDENTIALS
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "flywheel.tokenSecretName" $root }}
+      key: credentials
+{{- if has .component (list "rollout" "trainer") }}
 - name: FLYWHEEL_TOKEN
   valueFrom:
     secretKeyRef:
-      name: {{ include "flywheel.tokenSecretName" . }}
-      key: {{ .Values.auth.existingSecretKey }}
+      name: {{ include "flywheel.tokenSecretName" $root }}
+      key: {{ .component }}
 {{- end }}
+{{- else }}
+- name: FLYWHEEL_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "flywheel.tokenSecretName" $root }}
+      key: {{ $root.Values.auth.existingSecretKey }}
+{{- end }}
+{{- end }}
+{{- if $root.Values.tls.enabled }}
+- name: FLYWHEEL_TLS_CERT
+  value: {{ printf "%s/tls.crt" $root.Values.tls.mountPath }}
+- name: FLYWHEEL_TLS_KEY
+  value: {{ printf "%s/tls.key" $root.Values.tls.mountPath }}
+- name: FLYWHEEL_TLS_CA
+  value: {{ printf "%s/ca.crt" $root.Values.tls.mountPath }}
+{{- if $root.Values.tls.requireClientCert }}
+- name: FLYWHEEL_TLS_REQUIRE_CLIENT_CERT
+  value: "1"
+{{- end }}
+{{- with $root.Values.tls.serverName }}
+- name: FLYWHEEL_TLS_SERVER_NAME
+  value: {{ . | quote }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* The Secret with tls.crt, tls.key and ca.crt. */}}
+{{- define "flywheel.tlsSecretName" -}}
+{{- if .Values.tls.existingSecret -}}
+{{- .Values.tls.existingSecret -}}
+{{- else if .Values.tls.certManager.enabled -}}
+{{- printf "%s-tls" (include "flywheel.fullname" .) -}}
+{{- else -}}
+{{- fail "tls.enabled needs tls.existingSecret (a Secret with tls.crt, tls.key, ca.crt) or tls.certManager.enabled" -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Probes: startup and readiness are native gRPC health checks of the service; liveness
@@ -281,18 +328,30 @@ initContainers:
 {{- define "flywheel.probes" -}}
 {{- if .probes.startup.enabled }}
 startupProbe:
+  {{- if .tls }}
+  httpGet:
+    path: /readyz
+    port: metrics
+  {{- else }}
   grpc:
     port: {{ .ports.grpc }}
     service: {{ .service }}
+  {{- end }}
   periodSeconds: {{ .probes.startup.periodSeconds }}
   failureThreshold: {{ .probes.startup.failureThreshold }}
   timeoutSeconds: 3
 {{- end }}
 {{- if .probes.readiness.enabled }}
 readinessProbe:
+  {{- if .tls }}
+  httpGet:
+    path: /readyz
+    port: metrics
+  {{- else }}
   grpc:
     port: {{ .ports.grpc }}
     service: {{ .service }}
+  {{- end }}
   periodSeconds: {{ .probes.readiness.periodSeconds }}
   failureThreshold: {{ .probes.readiness.failureThreshold }}
   timeoutSeconds: 3
@@ -325,6 +384,12 @@ ports:
     name: {{ include "flywheel.fullname" . }}-config
 - name: tmp
   emptyDir: {}
+{{- if .Values.tls.enabled }}
+- name: tls
+  secret:
+    secretName: {{ include "flywheel.tlsSecretName" . }}
+    defaultMode: 0440
+{{- end }}
 {{- end -}}
 
 {{- define "flywheel.baseVolumeMounts" -}}
@@ -333,6 +398,11 @@ ports:
   readOnly: true
 - name: tmp
   mountPath: /tmp
+{{- if .Values.tls.enabled }}
+- name: tls
+  mountPath: {{ .Values.tls.mountPath }}
+  readOnly: true
+{{- end }}
 {{- end -}}
 
 {{- define "flywheel.sharedVolume" -}}
@@ -406,7 +476,7 @@ affinity:
     - {{ . | quote }}
     {{- end }}
   env:
-    {{- include "flywheel.commonEnv" $root | nindent 4 }}
+    {{- include "flywheel.commonEnv" (dict "root" $root "component" .component) | nindent 4 }}
     {{- with .extraEnv }}
     {{- . | nindent 4 }}
     {{- end }}
@@ -414,7 +484,7 @@ affinity:
     {{- toYaml . | nindent 4 }}
     {{- end }}
   {{- include "flywheel.ports" .svc.ports | nindent 2 }}
-  {{- include "flywheel.probes" (dict "probes" .svc.probes "ports" .svc.ports "service" .grpcService) | nindent 2 }}
+  {{- include "flywheel.probes" (dict "probes" .svc.probes "ports" .svc.ports "service" .grpcService "tls" $root.Values.tls.enabled) | nindent 2 }}
   resources:
     {{- toYaml .svc.resources | nindent 4 }}
   securityContext:
