@@ -2,7 +2,8 @@
 
 The launcher builds the objects itself (no Helm needed on the user's machine) with the
 names and layout of the Helm chart in `deploy/helm/flywheel/`: a namespace, one Secret
-(Redis password, service token), one ConfigMap holding the resolved `flywheel.yaml`,
+(Redis password, a token per caller role and their digests), one ConfigMap holding the
+resolved `flywheel.yaml`, a NetworkPolicy per component (`NETWORK`),
 Redis as a StatefulSet with AOF on a volume (unless `buffer.redis_url` points at an
 existing Redis), the buffer and reward as Deployments, the rollout replicas as a
 StatefulSet (replica i is pod i) with a headless Service, the trainer as an Indexed Job of
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import hashlib
 import logging
 import secrets
 import sys
@@ -36,6 +38,7 @@ from urllib.parse import urlparse
 import yaml
 
 from services.common.config import FlywheelConfig, load_config
+from services.common.config.services import ROLES
 
 log = logging.getLogger("flywheel.launcher.kubernetes")
 
@@ -89,6 +92,34 @@ DNS_TO = [
     }
 ]
 """Where DNS egress may go (the chart's `networkPolicy.dns` default)."""
+
+
+CALLER_ROLES = ("trainer", "rollout")
+"""Components that call other services, each with its own role's token."""
+
+
+def role_tokens(cfg: FlywheelConfig, admin: str | None = None) -> dict[str, str]:
+    """A token per role of `services.credentials`: the plain ones the config gives, else
+    new ones; `admin` (or `services.auth_token`) as the admin's. A role the config gives
+    only as a digest cannot be handed to a pod: generated anew unless it is a caller's."""
+    given = {r: t for r, t in cfg.services.credentials.items() if not t.startswith("sha256:")}
+    for role in CALLER_ROLES:
+        if role in cfg.services.credentials and role not in given:
+            raise KubernetesLaunchError(
+                f"services.credentials.{role} is a digest: the {role} pods need the token itself"
+            )
+    tokens = {role: given.get(role) or secrets.token_hex(24) for role in ROLES}
+    if admin or cfg.services.auth_token:
+        tokens["admin"] = admin or cfg.services.auth_token or tokens["admin"]
+    return tokens
+
+
+def credentials_value(tokens: Mapping[str, str]) -> str:
+    """`FLYWHEEL_CREDENTIALS` of the servers: `role=sha256:<hex>` for every role."""
+    return ",".join(
+        f"{role}=sha256:{hashlib.sha256(token.encode()).hexdigest()}"
+        for role, token in tokens.items()
+    )
 
 
 class KubernetesLaunchError(RuntimeError):
@@ -146,12 +177,14 @@ def _meta(names: Names, name: str, component: str, **extra: Any) -> dict[str, An
 def cluster_config(cfg: FlywheelConfig, names: Names) -> dict[str, Any]:
     """The config every pod reads: `cfg` with addresses, ports and paths of the cluster.
 
-    Secrets stay out of it: the token and the Redis password are left unset so that the
-    services read `FLYWHEEL_TOKEN` / `FLYWHEEL_REDIS_PASSWORD` from the pod's environment
-    (filled from the Secret)."""
+    Secrets stay out of it: the tokens, the credentials and the Redis password are left
+    unset so that the services read `FLYWHEEL_TOKEN` / `FLYWHEEL_CREDENTIALS` /
+    `FLYWHEEL_REDIS_PASSWORD` from the pod's environment (filled from the Secret); so are
+    this machine's TLS file paths (a pod takes `FLYWHEEL_TLS_*` from its own environment)."""
     data = cfg.model_dump(mode="json")
     services = data["services"]
-    services.pop("auth_token", None)
+    for key in ("auth_token", "credentials", "tls"):
+        services.pop(key, None)
     services["buffer"] = {
         "host": names.fqdn(names.of("buffer")),
         "port": GRPC_PORT,
@@ -250,10 +283,18 @@ def _service_container(
     resources: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     secret = names.of("secrets")
+
+    def from_secret(name: str, key: str) -> dict[str, Any]:
+        return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+
+    # Servers check callers against the digests; only callers hold a token, their own
+    # role's (the chart's auth.perService): the buffer and reward dial no Flywheel service.
     env: list[dict[str, Any]] = [
         {"name": "FLYWHEEL_CONFIG", "value": f"{CONFIG_MOUNT}/flywheel.yaml"},
-        {"name": "FLYWHEEL_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret, "key": "token"}}},
+        from_secret("FLYWHEEL_CREDENTIALS", "credentials"),
     ]
+    if component in CALLER_ROLES:
+        env.append(from_secret("FLYWHEEL_TOKEN", component))
     if component == "buffer":
         env.append(
             {
@@ -404,7 +445,7 @@ def build_manifests(
     redis_password = redis_password if redis_password is not None else cfg.buffer.redis_password
     if redis_password is None and not external_redis:
         redis_password = secrets.token_hex(16)
-    token = token if token is not None else (cfg.services.auth_token or secrets.token_hex(24))
+    tokens = role_tokens(cfg, token)
     gpu_trainer = cfg.trainer.backend == "nccl"
     sglang = cfg.rollout.engine == "sglang" and not cfg.rollout.sglang.url
 
@@ -420,7 +461,8 @@ def build_manifests(
             "metadata": _meta(names, names.of("secrets"), "secrets"),
             "type": "Opaque",
             "stringData": {
-                "token": token,
+                **tokens,
+                "credentials": credentials_value(tokens),
                 **({"redis-password": redis_password} if redis_password else {}),
             },
         },

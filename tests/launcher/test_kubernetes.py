@@ -161,8 +161,16 @@ def test_config_map_is_a_loadable_cluster_config_without_secrets(cfg):
     )
     assert loaded.buffer.redis_url == "redis://demo-flywheel-redis.fw-test.svc:6379/0"
     assert loaded.services.auth_token is None or loaded.services.auth_token != "tok-123"
-    secret = objects[("Secret", "demo-flywheel-secrets")]
-    assert secret["stringData"] == {"token": "tok-123", "redis-password": "pw-456"}
+    secret = objects[("Secret", "demo-flywheel-secrets")]["stringData"]
+    assert secret["admin"] == "tok-123" and secret["redis-password"] == "pw-456"
+    assert set(secret) == {
+        "admin",
+        "trainer",
+        "rollout",
+        "launcher",
+        "credentials",
+        "redis-password",
+    }
     job = objects[("Job", "demo-flywheel-trainer")]["spec"]
     trainer = job["template"]["spec"]["containers"][0]
     assert trainer["command"] == ["python", "-m", "services.trainer"]
@@ -175,6 +183,51 @@ def test_config_map_is_a_loadable_cluster_config_without_secrets(cfg):
         == "demo-flywheel-trainer-0.demo-flywheel-trainer-headless.fw-test.svc"
     )
     assert objects[("StatefulSet", "demo-flywheel-rollout")]["spec"]["replicas"] == 2
+
+
+def test_each_pod_gets_only_its_own_roles_token(cfg):
+    """As the chart (issue 24): a token per role in the Secret, the servers only their
+    digests (`FLYWHEEL_CREDENTIALS`), rollout and trainer pods their own role's token, buffer
+    and reward none, the Redis password only the buffer and Redis; credentials and TLS
+    paths of the launching machine never reach the ConfigMap. Before: one shared token in
+    every pod."""
+    import hashlib
+
+    from services.common.config.services import ServicesConfig
+
+    run_cfg = cfg.model_copy(deep=True)
+    run_cfg.services.credentials = {"trainer": "tr-tok", "rollout": "ro-tok"}
+    run_cfg.services.tls.ca_file = "/home/me/ca.crt"
+    objects = by_kind_name(k8s.build_manifests(run_cfg))
+    secret = objects[("Secret", "demo-flywheel-secrets")]["stringData"]
+    assert secret["trainer"] == "tr-tok" and secret["rollout"] == "ro-tok"
+    digests = dict(p.split("=", 1) for p in secret["credentials"].split(","))
+    assert digests["rollout"] == "sha256:" + hashlib.sha256(b"ro-tok").hexdigest()
+    assert set(digests) == {"admin", "trainer", "rollout", "launcher"}
+    ServicesConfig(credentials=digests)
+    text = objects[("ConfigMap", "demo-flywheel-config")]["data"]["flywheel.yaml"]
+    assert "tr-tok" not in text and "/home/me" not in text and "credentials" not in text
+    expected = {"buffer": None, "reward": None, "rollout": "rollout", "trainer": "trainer"}
+    seen = set()
+    for (kind, _), obj in objects.items():
+        if kind not in ("Deployment", "StatefulSet", "Job"):
+            continue
+        for c in obj["spec"]["template"]["spec"]["containers"]:
+            refs = {
+                e["name"]: e["valueFrom"]["secretKeyRef"]["key"]
+                for e in c.get("env") or []
+                if "secretKeyRef" in e.get("valueFrom", {})
+            }
+            if c["name"] in expected:
+                seen.add(c["name"])
+                assert refs.get("FLYWHEEL_CREDENTIALS") == "credentials"
+                assert refs.get("FLYWHEEL_TOKEN") == expected[c["name"]], c["name"]
+            has_redis = "redis-password" in refs.values()
+            assert has_redis == (c["name"] in ("buffer", "redis")), c["name"]
+    assert seen == set(expected)
+    run_cfg.services.credentials = {"rollout": "sha256:" + "0" * 64}
+    with pytest.raises(k8s.KubernetesLaunchError, match="rollout pods need the token"):
+        k8s.build_manifests(run_cfg)
 
 
 def test_every_pod_loads_the_config_map_with_its_own_args(cfg, tmp_path):
