@@ -2,14 +2,21 @@
 
 Services only ever read files and a resolved config, so everything generated (the tiny
 model, its warm start, the arithmetic data set, free ports) is produced here once and
-written down in `<run_dir>/config.yaml` for every service to load.
+written down in `<run_dir>/config.yaml` for every service to load. Credentials are not
+written down: `RunSecrets` holds them in the launcher's memory and hands each child only
+its own, through its environment.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
+import secrets
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import yaml
 
@@ -157,8 +164,122 @@ def resolve_run_paths(cfg: FlywheelConfig, run_dir: Path) -> None:
     t.metrics_jsonl = t.metrics_jsonl or str(run_dir / "metrics.jsonl")
 
 
-def write_resolved_config(cfg: FlywheelConfig, run_dir: Path) -> Path:
-    path = run_dir / "config.yaml"
+SECRET_VARIABLES = (
+    "FLYWHEEL_TOKEN",
+    "FLYWHEEL_CREDENTIALS",
+    "FLYWHEEL_REDIS_PASSWORD",
+    "REDISCLI_AUTH",
+)
+"""Credential variables of the launcher's environment that no child inherits: each gets
+only what its role needs from `RunSecrets.environment`."""
+
+LAUNCHED_ROLES = ("trainer", "rollout", "launcher")
+"""The roles of `services.credentials` that a local run's own processes play."""
+
+SERVICE_ROLE: dict[str, str | None] = {
+    "buffer": None,
+    "reward": None,
+    "rollout": "rollout",
+    "trainer": "trainer",
+}
+"""The role each service calls the others as (the buffer and reward call no service)."""
+
+
+def token_digest(token: str) -> str:
+    """`sha256:<hex>` of `token` (a token already written as a digest stays as it is)."""
+    if token.startswith("sha256:"):
+        return token
+    return "sha256:" + hashlib.sha256(token.encode()).hexdigest()
+
+
+def url_without_password(url: str | None) -> tuple[str | None, str | None]:
+    """`redis://user:pw@host/0` -> (`redis://user@host/0`, `pw`); a URL without one stays."""
+    if not url:
+        return url, None
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url, None
+    host = parts.netloc.rpartition("@")[2]
+    netloc = f"{parts.username}@{host}" if parts.username else host
+    return urlunsplit(parts._replace(netloc=netloc)), parts.password
+
+
+@dataclass(frozen=True)
+class RunSecrets:
+    """The credentials of one local run, kept in the launcher's memory, never on disk.
+
+    With auth on (`services.auth_token` or `services.credentials` set) every role a local
+    process plays (trainer, rollout, launcher) has its own token: one given in
+    `services.credentials` as a plain token, otherwise a random one made for this run. The
+    servers accept only their digests, plus `admin`: `services.credentials.admin` when set,
+    else the operator's `services.auth_token` (`$FLYWHEEL_TOKEN`), so that `flywheel status`
+    and other tools keep working with the token they were given."""
+
+    tokens: dict[str, str] = field(default_factory=dict)
+    """role -> the token the processes of that role send; empty: auth off."""
+
+    accepted: dict[str, str] = field(default_factory=dict)
+    """role -> `sha256:<digest>` the servers accept (`services.credentials` of servers)."""
+
+    redis_password: str | None = None
+    """The Redis password, for the buffer and the local redis-server only."""
+
+    @classmethod
+    def of(cls, cfg: FlywheelConfig) -> RunSecrets:
+        s = cfg.services
+        password = (
+            cfg.buffer.redis_password
+            or os.environ.get("FLYWHEEL_REDIS_PASSWORD")
+            or url_without_password(cfg.buffer.redis_url)[1]
+            or None
+        )
+        if not (s.auth_token or s.credentials):
+            return cls(redis_password=password)
+        tokens: dict[str, str] = {}
+        for role in LAUNCHED_ROLES:
+            given = s.credentials.get(role)
+            usable = given and not given.startswith("sha256:")
+            tokens[role] = given if given and usable else secrets.token_urlsafe(32)
+        accepted = {role: token_digest(token) for role, token in tokens.items()}
+        admin = s.credentials.get("admin") or s.auth_token
+        if admin and admin not in tokens.values():
+            accepted["admin"] = token_digest(admin)
+        return cls(tokens, accepted, password)
+
+    def environment(self, service: str | None) -> dict[str, str]:
+        """The credential variables of one child: the servers' digests for every service,
+        the token of the service's role (`service=None`: the launcher's own clients), the
+        Redis password for the buffer alone."""
+        env: dict[str, str] = {}
+        if self.accepted:
+            env["FLYWHEEL_CREDENTIALS"] = ",".join(f"{r}={d}" for r, d in self.accepted.items())
+        role = SERVICE_ROLE.get(service) if service is not None else "launcher"
+        if role is not None and role in self.tokens:
+            env["FLYWHEEL_TOKEN"] = self.tokens[role]
+        if service == "buffer" and self.redis_password:
+            env["FLYWHEEL_REDIS_PASSWORD"] = self.redis_password
+        return env
+
+    @property
+    def launcher_token(self) -> str | None:
+        """The token the launcher's own clients (evaluation, status probes) send."""
+        return self.tokens.get("launcher")
+
+
+def resolved_config_data(cfg: FlywheelConfig) -> dict[str, Any]:
+    """`cfg` as the services load it, without credentials: the token, the per-caller
+    credentials and the Redis password (also one inside `buffer.redis_url`) are left out,
+    so each service reads its own from the environment (`RunSecrets.environment`)."""
     data = cfg.model_dump(mode="json")
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    data["services"].pop("auth_token", None)
+    data["services"].pop("credentials", None)
+    data["buffer"].pop("redis_password", None)
+    data["buffer"]["redis_url"] = url_without_password(cfg.buffer.redis_url)[0]
+    return data
+
+
+def write_resolved_config(cfg: FlywheelConfig, run_dir: Path) -> Path:
+    """`<run_dir>/config.yaml`: the resolved config, holding no credential."""
+    path = run_dir / "config.yaml"
+    path.write_text(yaml.safe_dump(resolved_config_data(cfg), sort_keys=False))
     return path

@@ -102,6 +102,7 @@ class LocalRun:
     def __init__(self, cfg: FlywheelConfig) -> None:
         self.cfg = cfg
         self.run_dir = assets.run_dir_of(cfg)
+        self.secrets = assets.RunSecrets.of(cfg)
         self.trainer_paths = RunPaths.from_config(cfg)
         self.procs: list[ServiceProcess] = []
         self.redis: RedisServer | None = None
@@ -139,7 +140,7 @@ class LocalRun:
         if not self.cfg.buffer.redis_url:
             self.redis = RedisServer(
                 dir=self.run_dir / "redis",
-                password=self.cfg.buffer.redis_password,
+                password=self.secrets.redis_password,
                 binary=self.cfg.buffer.redis_server,
             ).start()
             self.cfg.buffer.redis_url = f"redis://127.0.0.1:{self.redis.port}/0"
@@ -183,15 +184,19 @@ class LocalRun:
         *,
         may_finish: bool = False,
     ) -> ServiceProcess:
-        env = {"PYTHONUNBUFFERED": "1", "FLYWHEEL_RUN_DIR": str(self.run_dir)}
-        if self.cfg.services.auth_token:
-            env["FLYWHEEL_TOKEN"] = self.cfg.services.auth_token
+        # Credentials through the environment only, each process its own role's token.
+        env = {
+            "PYTHONUNBUFFERED": "1",
+            "FLYWHEEL_RUN_DIR": str(self.run_dir),
+            **self.secrets.environment(module.rpartition(".")[2]),
+        }
         self.specs[name] = _Spec(module, list(extra), address, cpus, may_finish)
         proc = ServiceProcess(
             name,
             [self._python(), "-m", module, "--config", str(config_path), *extra],
             self.run_dir / "logs",
             env=env,
+            drop=assets.SECRET_VARIABLES,
             cpus=cpus,
             echo=os.environ.get("FLYWHEEL_ECHO_LOGS", "0") == "1",
         ).start()
@@ -269,7 +274,7 @@ class LocalRun:
             reward_fn=self.cfg.reward.fn,
             temperature=ec.temperature,
             max_new_tokens=ec.max_new_tokens or self.cfg.gconfig.max_new_tokens,
-            auth_token=s.auth_token,
+            auth_token=self.secrets.launcher_token,
             max_message_bytes=s.max_message_bytes,
             seed=self.cfg.seed + 1000 * step,
         )
@@ -456,7 +461,7 @@ class LocalRun:
 
         from services.common.grpc_client import make_sync_channel
 
-        ch = make_sync_channel(address, auth_token=self.cfg.services.auth_token)
+        ch = make_sync_channel(address, auth_token=self.secrets.launcher_token)
         try:
             return MessageToDict(
                 call(ch),
@@ -683,7 +688,7 @@ class LocalRun:
         from services.common.grpc_client import make_sync_channel
 
         s = self.cfg.services
-        ch = make_sync_channel(s.buffer.address, auth_token=s.auth_token)
+        ch = make_sync_channel(s.buffer.address, auth_token=self.secrets.launcher_token)
         try:
             stats = buffer_pb2_grpc.BufferServiceStub(ch).Stats(common_pb2.Empty(), timeout=10)
             return MessageToDict(

@@ -58,6 +58,7 @@ def eval_main(argv: list[str]) -> int:
     local_eval_endpoints(cfg)
     assets.assign_ports(cfg)
     config_path = assets.write_resolved_config(cfg, run_dir)
+    run_secrets = assets.RunSecrets.of(cfg)  # handed over through each child's environment
     procs = []
     try:
         for name, module, extra, address in (
@@ -73,6 +74,8 @@ def eval_main(argv: list[str]) -> int:
                 name,
                 [sys.executable, "-m", module, "--config", str(config_path), *extra],
                 run_dir / "logs",
+                env=run_secrets.environment(module.rpartition(".")[2]),
+                drop=assets.SECRET_VARIABLES,
             ).start()
             procs.append(proc)
             wait_until_serving(proc, address, cfg.launcher.startup_timeout)
@@ -87,7 +90,7 @@ def eval_main(argv: list[str]) -> int:
             reward_fn=cfg.reward.fn,
             temperature=cfg.launcher.eval.temperature,
             max_new_tokens=cfg.launcher.eval.max_new_tokens or cfg.gconfig.max_new_tokens,
-            auth_token=cfg.services.auth_token,
+            auth_token=run_secrets.launcher_token,
         )
         print(json.dumps({"checkpoint": cfg.actor.path, "data": data, **result.__dict__}))
         return 0

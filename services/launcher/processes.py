@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -33,16 +33,20 @@ class ServiceProcess:
         log_dir: Path,
         *,
         env: dict[str, str] | None = None,
+        drop: Collection[str] = (),
         cpus: Sequence[int] | None = None,
         echo: bool = True,
         tail_lines: int = 40,
     ) -> None:
+        """`env` is added to the launcher's environment, less the variables named in `drop`
+        (credentials meant for other services: a child gets only its own through `env`)."""
         self.name = name
         self.args = list(args)
         if cpus:
             self.args = ["taskset", "-c", ",".join(str(c) for c in cpus), *self.args]
         self.log_path = log_dir / f"{name}.log"
-        self.env = {**os.environ, **(env or {})}
+        inherited = {k: v for k, v in os.environ.items() if k not in drop}
+        self.env = {**inherited, **(env or {})}
         self.echo = echo
         self.tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
         self.proc: subprocess.Popen[bytes] | None = None

@@ -65,6 +65,27 @@ def test_stop_sends_sigterm_then_the_process_exits(tmp_path):
     assert "draining" in (tmp_path / "svc.log").read_text()
 
 
+def test_a_child_inherits_the_environment_less_the_credentials_it_is_not_given(
+    tmp_path, monkeypatch
+):
+    # The launcher's own credentials stay with it: a child sees only the ones it is handed.
+    monkeypatch.setenv("FLYWHEEL_REDIS_PASSWORD", "launcher-pw")
+    monkeypatch.setenv("FLYWHEEL_TOKEN", "launcher-token")
+    monkeypatch.setenv("KEPT_VARIABLE", "kept")
+    names = ("FLYWHEEL_REDIS_PASSWORD", "FLYWHEEL_TOKEN", "KEPT_VARIABLE")
+    code = f"import os; print(sorted((k, os.environ[k]) for k in {names!r} if k in os.environ))"
+    proc = ServiceProcess(
+        "child",
+        [sys.executable, "-c", code],
+        tmp_path,
+        env={"FLYWHEEL_TOKEN": "own-token"},
+        drop=("FLYWHEEL_REDIS_PASSWORD", "FLYWHEEL_TOKEN"),
+        echo=False,
+    ).start()
+    assert proc.wait(timeout=30) == 0
+    assert proc.last_lines(1) == "[('FLYWHEEL_TOKEN', 'own-token'), ('KEPT_VARIABLE', 'kept')]"
+
+
 def test_children_die_when_the_launcher_is_killed(tmp_path):
     """The launcher is SIGKILLed (no cleanup runs): its service must not outlive it."""
     pid_file = tmp_path / "child.pid"
