@@ -236,7 +236,7 @@ class SGLangEngine(InferenceEngine):
     def from_config(cls, cfg: Any, *, replica_index: int = 0, tokenizer_path: str) -> SGLangEngine:
         sg = cfg.rollout.sglang
         return cls(
-            sg.url.replace("{i}", str(replica_index)) if sg.url else None,
+            sg.url,
             model_path=cfg.actor.path,
             tokenizer_path=tokenizer_path,
             launch_args=sg.launch_args,
@@ -256,14 +256,19 @@ class SGLangEngine(InferenceEngine):
         if self.base_url is None:
             self._launch()
         assert self.base_url is not None
+        # A server started with --api-key (the Helm chart's) wants it on every call but /health.
+        key = os.environ.get("SGLANG_API_KEY")
+        headers = {"Authorization": f"Bearer {key}"} if key else None
         # Generation: one connection per request in flight, never shared with control.
         self._gen = httpx.AsyncClient(
             base_url=self.base_url,
+            headers=headers,
             timeout=self.request_timeout,
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
         )
         self._ctl = httpx.AsyncClient(
             base_url=self.base_url,
+            headers=headers,
             timeout=self.control_timeout,
             limits=httpx.Limits(
                 max_connections=CONTROL_CONNECTIONS,

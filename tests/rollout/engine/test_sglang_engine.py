@@ -377,8 +377,7 @@ async def test_a_client_restarted_against_a_running_server_takes_its_version(
     await first.start()
     path, manifest = _publish(other_model_dir, tmp_path, 1)
     assert (await first.update_weights_from_disk(str(path), manifest)).ok
-    await first._gen.aclose()
-    await first._ctl.aclose()
+    await first.stop()  # the rollout process goes; the server keeps its weights
     second = SGLangEngine(standin.url, model_path=str(tiny_model_dir), scratch_dir=str(tmp_path))
     await second.start()
     try:
