@@ -319,11 +319,17 @@ class SGLangEngine(InferenceEngine):
                 raise SGLangError(f"SGLang server exited with code {self._proc.returncode}")
             try:
                 r = await self._ctl.get("/ping", timeout=5.0)
-                if r.status_code == 200:
-                    return
-                last = f"HTTP {r.status_code}"
             except Exception as exc:  # noqa: BLE001 - not up yet
                 last = str(exc)
+            else:
+                if r.status_code == 200:
+                    return
+                if r.status_code in (401, 403):  # an answer, not a server still starting
+                    raise SGLangError(
+                        f"SGLang at {self.base_url} refused the API key (HTTP {r.status_code}): "
+                        "set SGLANG_API_KEY to the server's --api-key"
+                    )
+                last = f"HTTP {r.status_code}"
             await asyncio.sleep(0.5)
         raise SGLangError(
             f"SGLang at {self.base_url} not healthy after {self.startup_timeout}s: {last}"
