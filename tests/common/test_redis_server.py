@@ -74,15 +74,31 @@ def test_a_write_acknowledged_just_before_sigkill_survives(redis_server: RedisSe
     # Redis writes the AOF buffer to the file before it sends the reply (fsync, once a
     # second, only matters when the machine goes down): a kill -9 of redis-server alone
     # loses nothing that was acknowledged, so the buffer's ledger survives it exactly.
-    client = redis.Redis.from_url(redis_server.url)
-    for _ in range(200):
-        client.incr("puts")
-    client.close()
-    redis_server.kill()  # at once, no fsync interval waited for
-    redis_server.start()
-    client = redis.Redis.from_url(redis_server.url)
-    assert client.get("puts") == b"200"
-    client.close()
+    # The one exception Redis documents (redis.conf, appendfsync everysec): while a
+    # background fsync is still running, the write may be postponed for up to 2 s and it
+    # counts `aof_delayed_fsync`. A round in which that happened proves nothing either way
+    # and is repeated; a round without it must keep every acknowledged write.
+    clean_rounds = 0
+    for round_no in range(4):
+        client = redis.Redis.from_url(redis_server.url)
+        key = f"puts-{round_no}"
+        delayed_before = int(client.info("persistence")["aof_delayed_fsync"])
+        for _ in range(200):
+            client.incr(key)
+        delayed = int(client.info("persistence")["aof_delayed_fsync"]) > delayed_before
+        client.close()
+        redis_server.kill()  # at once, no fsync interval waited for
+        redis_server.start()
+        client = redis.Redis.from_url(redis_server.url)
+        survived = client.get(key)
+        client.close()
+        if delayed:
+            continue
+        assert survived == b"200"
+        clean_rounds += 1
+        if clean_rounds == 2:
+            break
+    assert clean_rounds >= 1, "every round had a delayed fsync: the machine is too loaded"
 
 
 def test_a_restarted_server_keeps_its_port_even_when_it_was_picked_automatically(tmp_path):
