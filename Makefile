@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: venv run test test-fast lint format proto proto-check bench up helm-check clean
+.PHONY: venv run test test-fast test-compose lint format proto proto-check bench up helm-check clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -21,6 +21,13 @@ run: venv
 test: venv
 	$(PY) tools/gen_proto.py --check
 	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+## test-compose: `docker compose up` of the CPU stack on a real Docker engine (root; on Debian
+## it installs docker.io, Compose v2 and debootstrap and starts dockerd when missing); builds
+## the images offline (tools/offline_images.sh), trains, injects buffer faults, tears down
+test-compose: venv
+	bash tools/docker_env.sh >/dev/null
+	$(PY) -m pytest tests/compose -m compose -p no:cacheprovider $(PYTEST_ARGS)
 
 ## test-fast: unit tests only
 test-fast: venv
