@@ -17,10 +17,19 @@ venv: $(STAMP)
 run: venv
 	$(VENV)/bin/flywheel run --config examples/demo.yaml
 
+# SGLang's own source (the wheel, no dependencies) for the tests that hold the stand-in to its
+# request classes (tools/sglang_schema.py --check); from the package registry, once.
+SGLANG_VERSION := 0.5.23
+SGLANG_REF := $(VENV)/ref/sglang-$(SGLANG_VERSION)
+
+$(SGLANG_REF)/.done: $(STAMP)
+	$(PY) -m pip download --disable-pip-version-check -q --no-deps --only-binary=:all: --platform manylinux_2_34_x86_64 --python-version 3.11 -d $(SGLANG_REF) 'sglang==$(SGLANG_VERSION)'
+	@touch $@
+
 ## test: the whole suite (unit, integration, e2e) with real Redis and gRPC servers
-test: venv
+test: venv $(SGLANG_REF)/.done
 	$(PY) tools/gen_proto.py --check
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+	FLYWHEEL_SGLANG_SRC=$$(ls $(SGLANG_REF)/sglang-*.whl) $(PY) -m pytest tests $(PYTEST_ARGS)
 
 ## test-compose: `docker compose up` of the CPU stack on a real Docker engine (root; on Debian
 ## it installs docker.io, Compose v2 and debootstrap and starts dockerd when missing); builds
