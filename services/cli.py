@@ -29,7 +29,7 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_BAD_CONFIG = 2
 
-# What each subcommand calls in services.launcher.main (see docs/CONTRACTS-internal.md):
+# What each subcommand calls in services.launcher.main:
 # run(config, config_path, overrides) -> int; eval_main(argv) -> int; status_main(argv) -> int.
 _LAUNCHER_ENTRIES = {"run": "run", "eval": "eval_main", "status": "status_main"}
 

@@ -78,7 +78,7 @@ def tensor_to_array(msg: common_pb2.Tensor, max_elements: int = 1 << 24) -> np.n
 
 @dataclass
 class Trajectory:
-    """One completion, token-aligned. Field meanings are the wire contract in DESIGN.md."""
+    """One completion, token-aligned. Field meanings: proto/flywheel/v1/common.proto."""
 
     trajectory_id: str
     group_id: str

@@ -14,6 +14,6 @@ def new_registry() -> CollectorRegistry:
 
 
 def metric_name(service: str, what: str, unit: str = "") -> str:
-    """`flywheel_<service>_<what>[_<unit>]`: the naming rule of DESIGN.md in one place."""
+    """`flywheel_<service>_<what>[_<unit>]`: the naming rule of docs/architecture.md in one place."""
     parts = ["flywheel", service, what] + ([unit] if unit else [])
     return "_".join(parts)

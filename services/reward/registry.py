@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 
 class RewardFn(Protocol):
-    """The reward-function contract (DESIGN.md): one completion in, one float out."""
+    """The reward-function contract (docs/extending.md): one completion in, one float out."""
 
     def __call__(
         self,
