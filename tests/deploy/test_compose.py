@@ -3,6 +3,7 @@ the one-shot `prepare` step it runs first, executed for real."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -13,6 +14,30 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 FLYWHEEL = ("buffer", "reward", "rollout", "trainer")
+SECRET_VARIABLES = (
+    "FLYWHEEL_TOKEN",
+    "FLYWHEEL_TRAINER_TOKEN",
+    "FLYWHEEL_ROLLOUT_TOKEN",
+    "FLYWHEEL_CREDENTIALS",
+    "REDIS_PASSWORD",
+    "SGLANG_API_KEY",
+    "GRAFANA_ADMIN_PASSWORD",
+)
+
+
+def stack_secrets() -> dict[str, str]:
+    """The variables deploy/docker/secrets.sh prints for the stack's `.env`, run for real."""
+    out = subprocess.run(
+        ["sh", str(ROOT / "deploy" / "docker" / "secrets.sh")],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    ).stdout
+    return dict(line.split("=", 1) for line in out.splitlines())
+
+
+SECRETS = stack_secrets()
 
 
 def compose(
@@ -22,7 +47,8 @@ def compose(
         k: v for k, v in os.environ.items() if not k.startswith(("REDIS_", "FLYWHEEL_", "COMPOSE_"))
     }
     return subprocess.run(
-        [binary, "-f", str(ROOT / "docker-compose.yml"), *args],
+        # --env-file: a developer's .env in the checkout must not fill what a test leaves out
+        [binary, "-f", str(ROOT / "docker-compose.yml"), "--env-file", os.devnull, *args],
         capture_output=True,
         text=True,
         env={**base, **(env or {})},
@@ -32,23 +58,143 @@ def compose(
 
 
 def resolved(binary: str, *profile: str) -> dict:
-    result = compose(
-        binary, *profile, "config", "--format", "json", env={"REDIS_PASSWORD": "s3cret"}
-    )
+    result = compose(binary, *profile, "config", "--format", "json", env=SECRETS)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
 
 def test_config_is_valid_with_and_without_the_gpu_profile(compose_binary):
     for profile in ((), ("--profile", "gpu")):
-        result = compose(compose_binary, *profile, "config", "-q", env={"REDIS_PASSWORD": "s3cret"})
+        result = compose(compose_binary, *profile, "config", "-q", env=SECRETS)
         assert result.returncode == 0, result.stderr
 
 
-def test_redis_password_is_required(compose_binary):
-    result = compose(compose_binary, "config", "-q")
-    assert result.returncode != 0
-    assert "REDIS_PASSWORD" in result.stderr
+def test_every_secret_of_the_stack_is_required(compose_binary):
+    """Compose defaulted FLYWHEEL_TOKEN to empty (auth off) and Grafana to admin/admin:
+    without any of the role tokens, the servers' credentials, the Redis password or
+    Grafana's password it now refuses to start and says how to make them."""
+    for name in (
+        "FLYWHEEL_TRAINER_TOKEN",
+        "FLYWHEEL_ROLLOUT_TOKEN",
+        "FLYWHEEL_CREDENTIALS",
+        "REDIS_PASSWORD",
+        "GRAFANA_ADMIN_PASSWORD",
+    ):
+        env = {k: v for k, v in SECRETS.items() if k != name}
+        result = compose(compose_binary, "config", "-q", env=env)
+        assert result.returncode != 0, name
+        assert name in result.stderr and "deploy/docker/secrets.sh" in result.stderr, name
+
+
+def test_secrets_script_makes_distinct_tokens_and_their_digests():
+    assert set(SECRETS) == set(SECRET_VARIABLES)
+    assert len(set(SECRETS.values())) == len(SECRETS)  # every secret its own
+    again = stack_secrets()
+    assert all(again[k] != SECRETS[k] for k in SECRETS)  # random per call
+    accepted = dict(p.split("=", 1) for p in SECRETS["FLYWHEEL_CREDENTIALS"].split(","))
+    for role, variable in (
+        ("admin", "FLYWHEEL_TOKEN"),
+        ("trainer", "FLYWHEEL_TRAINER_TOKEN"),
+        ("rollout", "FLYWHEEL_ROLLOUT_TOKEN"),
+    ):
+        token = SECRETS[variable]
+        assert len(token) == 64
+        assert accepted[role] == "sha256:" + hashlib.sha256(token.encode()).hexdigest()
+    assert set(accepted) == {"admin", "trainer", "rollout"}
+
+
+def test_each_service_gets_only_its_own_credentials(compose_binary):
+    """Every Flywheel service had FLYWHEEL_REDIS_PASSWORD and the one shared FLYWHEEL_TOKEN:
+    now the servers hold only digests, the trainer and the rollout their role's token, the
+    buffer alone the Redis password, the rollout alone SGLang's API key."""
+    from services.common.config import load_config
+
+    cfg = resolved(compose_binary, "--profile", "gpu")["services"]
+    plain = {SECRETS[k] for k in SECRET_VARIABLES if k != "FLYWHEEL_CREDENTIALS"}
+    expected = {
+        "buffer": {"REDIS_PASSWORD"},
+        "reward": set(),
+        "rollout": {"FLYWHEEL_ROLLOUT_TOKEN"},
+        "rollout-gpu": {"FLYWHEEL_ROLLOUT_TOKEN", "SGLANG_API_KEY"},
+        "trainer": {"FLYWHEEL_TRAINER_TOKEN"},
+        "trainer-gpu": {"FLYWHEEL_TRAINER_TOKEN"},
+        "redis": {"REDIS_PASSWORD"},
+        "sglang": {"SGLANG_API_KEY"},
+        "grafana": {"GRAFANA_ADMIN_PASSWORD"},
+        "prepare": set(),
+        "prometheus": set(),
+    }
+    assert set(cfg) == set(expected)
+    for name, svc in cfg.items():
+        env = svc.get("environment") or {}
+        held = {k for k in SECRET_VARIABLES if SECRETS[k] in env.values()} - {
+            "FLYWHEEL_CREDENTIALS"
+        }
+        assert held == expected[name], name
+        assert ("FLYWHEEL_REDIS_PASSWORD" in env) == (name == "buffer"), name
+        if name in ("buffer", "reward", "rollout", "rollout-gpu", "trainer", "trainer-gpu"):
+            assert env["FLYWHEEL_CREDENTIALS"] == SECRETS["FLYWHEEL_CREDENTIALS"], name
+            assert not any(token in env["FLYWHEEL_CREDENTIALS"] for token in plain)
+    assert cfg["rollout"]["environment"]["FLYWHEEL_TOKEN"] == SECRETS["FLYWHEEL_ROLLOUT_TOKEN"]
+    assert cfg["trainer"]["environment"]["FLYWHEEL_TOKEN"] == SECRETS["FLYWHEEL_TRAINER_TOKEN"]
+    assert "FLYWHEEL_TOKEN" not in cfg["buffer"]["environment"]
+    assert "FLYWHEEL_TOKEN" not in cfg["reward"]["environment"]
+    # What a server loads from that environment: each role's digest, no usable token.
+    old = {
+        k: os.environ.pop(k) for k in ("FLYWHEEL_CREDENTIALS", "FLYWHEEL_TOKEN") if k in os.environ
+    }
+    try:
+        os.environ["FLYWHEEL_CREDENTIALS"] = cfg["reward"]["environment"]["FLYWHEEL_CREDENTIALS"]
+        services = load_config(None, []).services
+        assert services.auth_token is None
+        assert sorted(services.credentials) == ["admin", "rollout", "trainer"]
+        assert all(v.startswith("sha256:") for v in services.credentials.values())
+    finally:
+        os.environ.pop("FLYWHEEL_CREDENTIALS", None)
+        os.environ.update(old)
+
+
+def test_redis_runs_unprivileged_on_a_read_only_root(compose_binary):
+    """Redis ran as root with every capability and a writable root."""
+    for files in ((), ("-f", str(ROOT / "deploy" / "docker" / "compose.offline.yml"))):
+        result = compose(compose_binary, *files, "config", "--format", "json", env=SECRETS)
+        assert result.returncode == 0, result.stderr
+        redis = json.loads(result.stdout)["services"]["redis"]
+        # by name: uid 999 in redis:alpine, the Debian package's user in the offline image
+        assert redis["user"] == "redis"
+        assert redis["cap_drop"] == ["ALL"]
+        assert redis["security_opt"] == ["no-new-privileges:true"]
+        assert redis["read_only"] is True
+        assert redis["tmpfs"] == ["/tmp"]  # the config file with the password
+        assert {v["target"] for v in redis["volumes"]} == {"/data"}  # the AOF
+        assert "--dir /data" in redis["command"][2] and "umask 077" in redis["command"][2]
+    offline = (ROOT / "tools" / "offline_images.sh").read_text()
+    assert "chown redis:redis /data" in offline
+
+
+def test_sglang_needs_an_api_key_and_the_rollout_has_it(compose_binary, tmp_path):
+    """SGLang's admin API (weight updates, pause) was open to anything on the compose
+    network. Its entrypoint, run here by sh as the container would run it, refuses to start
+    without a key and passes the key it has."""
+    cfg = resolved(compose_binary, "--profile", "gpu")["services"]
+    sglang = cfg["sglang"]
+    assert sglang["environment"]["SGLANG_API_KEY"] == SECRETS["SGLANG_API_KEY"]
+    assert cfg["rollout-gpu"]["environment"]["SGLANG_API_KEY"] == SECRETS["SGLANG_API_KEY"]
+    assert SECRETS["SGLANG_API_KEY"] not in json.dumps(sglang["entrypoint"] + sglang["command"])
+    shell, flag, script, name = sglang["entrypoint"]
+    script = script.replace("$$", "$").replace(
+        "/opt/sglang/bin/python -m sglang.launch_server", "printf '%s\\n'"
+    )
+    base = {"PATH": os.environ["PATH"]}
+    run = [shell, flag, script, name, *sglang["command"]]
+    refused = subprocess.run(run, capture_output=True, text=True, env=base, timeout=30)
+    assert refused.returncode != 0 and "SGLANG_API_KEY" in refused.stderr
+    started = subprocess.run(
+        run, capture_output=True, text=True, env={**base, "SGLANG_API_KEY": "k3y"}, timeout=30
+    )
+    assert started.returncode == 0, started.stderr
+    argv = started.stdout.splitlines()
+    assert argv[:4] == ["--api-key", "k3y", "--model-path", "/data/models/model"]
 
 
 def test_services_and_their_wiring(compose_binary):
@@ -56,7 +202,7 @@ def test_services_and_their_wiring(compose_binary):
     assert set(cfg["services"]) == {"redis", "prepare", *FLYWHEEL, "prometheus", "grafana"}
     redis = cfg["services"]["redis"]
     assert "--appendonly yes" in redis["command"][2] and "requirepass" in redis["command"][2]
-    assert redis["environment"]["REDIS_PASSWORD"] == "s3cret"
+    assert redis["environment"]["REDIS_PASSWORD"] == SECRETS["REDIS_PASSWORD"]
     for name in FLYWHEEL:
         svc = cfg["services"][name]
         assert (
@@ -66,7 +212,6 @@ def test_services_and_their_wiring(compose_binary):
         assert (
             svc["user"] == "10001:10001" and svc["read_only"] is True and svc["cap_drop"] == ["ALL"]
         )
-        assert svc["environment"]["FLYWHEEL_REDIS_PASSWORD"] == "s3cret"
         # The user's overrides reach `prepare` only; a service adds its bind host.
         assert svc["environment"]["FLYWHEEL_OVERRIDES"] == f"services.{name}.host=0.0.0.0"
         assert svc["depends_on"]["prepare"]["condition"] == "service_completed_successfully"
@@ -95,7 +240,7 @@ def test_overrides_go_to_prepare_init_everywhere_and_a_finished_trainer_stays_st
             "config",
             "--format",
             "json",
-            env={"REDIS_PASSWORD": "s3cret", "FLYWHEEL_OVERRIDES": "gconfig.temperature=0.7"},
+            env={**SECRETS, "FLYWHEEL_OVERRIDES": "gconfig.temperature=0.7"},
         )
         assert result.returncode == 0, result.stderr
         services = json.loads(result.stdout)["services"]
@@ -215,7 +360,7 @@ def test_the_offline_override_builds_from_local_inputs(compose_binary):
         + ["config", "--format", "json"],
         capture_output=True,
         text=True,
-        env={**base, "REDIS_PASSWORD": "s3cret", "FLYWHEEL_TORCH_INDEX_URL": "http://127.0.0.1:1/"},
+        env={**base, **SECRETS, "FLYWHEEL_TORCH_INDEX_URL": "http://127.0.0.1:1/"},
         cwd=ROOT,
         timeout=60,
     )
