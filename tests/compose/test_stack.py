@@ -16,7 +16,6 @@ import json
 import math
 import os
 import re
-import secrets
 import shutil
 import signal
 import socket
@@ -30,6 +29,8 @@ from typing import Any
 from urllib.request import urlopen
 
 import pytest
+
+from tests.deploy.compose_secrets import stack_secrets
 
 # Generous: a cold build on a loaded machine is the slow part (the run itself is minutes).
 pytestmark = [pytest.mark.compose, pytest.mark.slow, pytest.mark.timeout(3000)]
@@ -234,7 +235,7 @@ def stack() -> Iterator[Stack]:
         log(f"removing a previous test project: {leftovers}")
         subprocess.run(
             [docker, "compose", "-p", PROJECT, "down", "-v", "--remove-orphans"],
-            env={**env, "REDIS_PASSWORD": "x"},
+            env={**env, **stack_secrets()},
             cwd=ROOT,
             capture_output=True,
             timeout=300,
@@ -249,8 +250,8 @@ def stack() -> Iterator[Stack]:
     assert images.returncode == 0, images.stderr[-4000:]
     server, index_url = _wheel_index(sys.executable)
     prometheus_port = free_port()
+    env.update(stack_secrets())  # the role tokens and digests, Redis, SGLang, Grafana
     env.update(
-        REDIS_PASSWORD=secrets.token_hex(16),
         FLYWHEEL_TORCH_INDEX_URL=index_url,
         FLYWHEEL_PROMETHEUS_PORT=str(prometheus_port),
         FLYWHEEL_OVERRIDES=f"total_train_steps={TOTAL_STEPS} gconfig.temperature={TEMPERATURE}",
@@ -418,8 +419,18 @@ def test_a_completed_run_stays_completed(stack: Stack) -> None:
     assert stack.trained() == TOTAL_STEPS
     logs = stack.compose("logs", "--no-color", "trainer").stdout
     assert f"run already completed at step {TOTAL_STEPS}" in logs
+    # As an operator would: with the admin token (the rollout's own may not read the trainer).
+    admin = f"FLYWHEEL_TOKEN={stack.env['FLYWHEEL_TOKEN']}"
     status = stack.compose(
-        "exec", "-T", "rollout", "flywheel", "status", "--config", "/data/config/flywheel.yaml"
+        "exec",
+        "-T",
+        "-e",
+        admin,
+        "rollout",
+        "flywheel",
+        "status",
+        "--config",
+        "/data/config/flywheel.yaml",
     )
     assert json.loads(status.stdout)["run"]["state"] == "completed", status.stdout
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import yaml
 
+from tests.deploy.compose_secrets import stack_secrets
+
 ROOT = Path(__file__).resolve().parents[2]
 FLYWHEEL = ("buffer", "reward", "rollout", "trainer")
 SECRET_VARIABLES = (
@@ -23,18 +25,6 @@ SECRET_VARIABLES = (
     "SGLANG_API_KEY",
     "GRAFANA_ADMIN_PASSWORD",
 )
-
-
-def stack_secrets() -> dict[str, str]:
-    """The variables deploy/docker/secrets.sh prints for the stack's `.env`, run for real."""
-    out = subprocess.run(
-        ["sh", str(ROOT / "deploy" / "docker" / "secrets.sh")],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=30,
-    ).stdout
-    return dict(line.split("=", 1) for line in out.splitlines())
 
 
 SECRETS = stack_secrets()
