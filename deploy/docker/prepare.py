@@ -80,6 +80,7 @@ def prepared_config_data(
     services = data.get("services")
     if isinstance(services, dict):
         services.pop("auth_token", None)
+        services.pop("credentials", None)  # FLYWHEEL_CREDENTIALS of the servers instead
     buffer = data.get("buffer")
     if isinstance(buffer, dict):
         buffer.pop("redis_password", None)

@@ -299,7 +299,8 @@ def test_prepare_writes_a_config_every_service_loads(compose_binary, tmp_path):
         "FLYWHEEL_CONFIG": str(ROOT / "examples" / "demo.yaml"),
         "FLYWHEEL_PREPARE": str(ROOT / "deploy" / "docker" / "prepare.py"),
         "FLYWHEEL_OVERRIDES": "launcher.warm_start.enabled=false train_dataset.builtin_size=64"
-        " valid_dataset.builtin_size=16 gconfig.temperature=0.7 gconfig.n_samples=4",
+        " valid_dataset.builtin_size=16 gconfig.temperature=0.7 gconfig.n_samples=4"
+        " services.credentials.trainer=credential-not-in-the-file",
         "FLYWHEEL_TOKEN": "not-in-the-file",
         "PYTHONPATH": str(ROOT),
     }
@@ -319,7 +320,7 @@ def test_prepare_writes_a_config_every_service_loads(compose_binary, tmp_path):
     )
     assert result.returncode == 0, result.stdout + result.stderr
     text = out.read_text()
-    assert "not-in-the-file" not in text
+    assert "not-in-the-file" not in text  # neither the token nor a credential of the config
     # The references stay as written (resolved when a service loads the file), and the
     # overrides moved what follows them, as `flywheel run` does (the services refused to
     # start: "actor.temperature = 1.0: differs from gconfig.temperature=0.7").
