@@ -83,37 +83,8 @@ def sft_batch(examples: Sequence[tuple[list[int], list[int]]], pad_id: int) -> A
     )
 
 
-def answer_token_loss(engine: Any, mb: Any, label_smoothing: float = 0.0) -> Any:
-    """Per-token loss `[b, t]`: -log p of each token; with label smoothing e, torch's
-    `cross_entropy(label_smoothing=e)`: (1 - e) (-log p) + e x the mean over the
-    vocabulary of -log p_v."""
-    import torch
-
-    from services.trainer.logprobs import token_logprobs
-
-    if label_smoothing <= 0.0:
-        logp, _ = engine.logprobs(mb)
-        return -logp
-    logits = engine.logits(mb)
-    if mb is None:
-        ids = torch.zeros(logits.shape[:2], dtype=torch.int64, device=logits.device)
-    else:
-        ids = mb.input_ids.to(logits.device)
-    logp, _ = token_logprobs(logits, ids, engine.temperature)
-    pred = logits[:, :-1, :].float() / engine.temperature
-    uniform = torch.zeros_like(logp)
-    uniform[:, 1:] = torch.logsumexp(pred, dim=-1) - pred.mean(dim=-1)
-    return (1.0 - label_smoothing) * -logp + label_smoothing * uniform
-
-
-def run_sft(
-    cfg: Any, *, run_dir: Path | None = None, label_smoothing: float = 0.0
-) -> dict[str, Any]:
-    """Train `cfg.actor` on `cfg.train_dataset`; returns the summary rank 0 writes.
-
-    `run_dir` replaces `<fileroot>/<experiment>/<trial>`; `label_smoothing` (not a config
-    key: AReaL's SFT loss has none) smooths the answer tokens' targets (the demo's warm
-    start)."""
+def run_sft(cfg: Any) -> dict[str, Any]:
+    """Train `cfg.actor` on `cfg.train_dataset`; returns the summary rank 0 writes."""
     import torch
     import torch.distributed as dist
     from transformers import AutoTokenizer
@@ -148,8 +119,7 @@ def run_sft(
         )
     total = cfg.total_train_steps or per_epoch * cfg.total_train_epochs
     engine = TrainEngine(cfg.actor, ctx, total_steps=total, temperature=1.0)
-    if run_dir is None:
-        run_dir = Path(cfg.cluster.fileroot) / cfg.experiment_name / cfg.trial_name
+    run_dir = Path(cfg.cluster.fileroot) / cfg.experiment_name / cfg.trial_name
     tracker = Tracker(cfg, run_dir) if ctx.is_main else None
     metrics = None
     if ctx.is_main:
@@ -168,14 +138,14 @@ def run_sft(
                 rows = order[start : start + batch_size][ctx.rank :: ctx.world_size]
                 mb = sft_batch([examples[i] for i in rows], pad_id) if rows else None
                 engine.zero_grad()
-                token_loss = answer_token_loss(engine, mb, label_smoothing)
+                logp, _ = engine.logprobs(mb)
                 if mb is None:
-                    loss = token_loss.sum() * 0.0  # joins the collectives, adds nothing
+                    loss = logp.sum() * 0.0  # joins the collectives, adds nothing
                     n_local = torch.zeros((), device=ctx.device)
                 else:
-                    mask = mb.loss_mask.to(token_loss.device)
+                    mask = mb.loss_mask.to(logp.device)
                     n_local = mask.sum()
-                    loss = (token_loss * mask).sum()
+                    loss = -(logp * mask).sum()
                 n_tokens = n_local.detach().clone()
                 if ctx.world_size > 1:
                     dist.all_reduce(n_tokens)
