@@ -29,7 +29,7 @@ $(SGLANG_REF)/.done: $(STAMP)
 ## test: the whole suite (unit, integration, e2e) with real Redis and gRPC servers
 test: venv $(SGLANG_REF)/.done
 	$(PY) tools/gen_proto.py --check
-	FLYWHEEL_SGLANG_SRC=$$(ls $(SGLANG_REF)/sglang-*.whl) $(PY) -m pytest tests $(PYTEST_ARGS)
+	FLYWHEEL_SGLANG_SRC=$$(ls $(SGLANG_REF)/sglang-*.whl) $(PY) -m pytest tests -m "not compose" $(PYTEST_ARGS)
 
 ## test-compose: `docker compose up` of the CPU stack on a real Docker engine (root; on Debian
 ## it installs docker.io, Compose v2 and debootstrap and starts dockerd when missing); builds
