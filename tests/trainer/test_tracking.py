@@ -17,7 +17,7 @@ from services.common.config import load_config
 from services.common.redis_server import RedisServer, free_port
 from services.trainer.tracking import Tracker, areal_metrics
 from tests.trainer.helpers import synthetic_groups, trainer_config
-from tests.trainer.services import running_buffer, start_trainer, wait_serving, write_config
+from tests.trainer.services import running_buffer, start_trainer, write_config
 
 tensorboard = pytest.importorskip("tensorboard", reason="the `tracking` extra is not installed")
 
@@ -188,7 +188,8 @@ def test_a_short_run_leaves_tensorboard_events_under_areal_names(
         buf.put(synthetic_groups(tiny_model_dir, n_groups=4, seed=0))
         log = tmp_path / "trainer.log"
         proc = start_trainer(write_config(cfg, tmp_path / "cfg.yaml"), log_path=log)
-        wait_serving(f"127.0.0.1:{port}", proc, log)
+        # No wait for SERVING: two steps on claimed groups can end the run before a
+        # health probe gets in; the exit code and the event files are what is checked.
         assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
 
     events = EventAccumulator(str(run_dir / "tensorboard"))
