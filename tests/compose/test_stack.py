@@ -327,8 +327,20 @@ def test_prometheus_scrapes_every_target_with_real_samples_and_no_alert(stack: S
         wait_for(f"a finite sample of {name}", functools.partial(has_sample, name), 120)
     importance = sample("importance_weight")
     assert importance is not None and 0.5 < importance < 2.0
-    alerts = stack.prom("/api/v1/alerts")["alerts"]
-    assert [a for a in alerts if a["state"] in ("pending", "firing")] == []
+
+    def active_alerts() -> list[dict[str, Any]]:
+        alerts = stack.prom("/api/v1/alerts")["alerts"]
+        return [a for a in alerts if a["state"] in ("pending", "firing")]
+
+    # FlywheelServiceAbsent is rightly pending while the trainer waits for its dependencies
+    # (it starts last; the rule fires only after 5 minutes). Once every target is up, the
+    # next evaluation (evaluation_interval 15 s) must clear it: any alert still pending or
+    # firing after two more intervals and a margin is a real one.
+    try:
+        wait_for("no alert pending or firing", lambda: not active_alerts(), 60)
+    except AssertionError:
+        assert active_alerts() == []
+        raise
     # The level of outstanding reservations in a healthy run, for after the faults.
     levels = []
     for _ in range(3):
