@@ -40,3 +40,37 @@ def test_a_file_cut_back_is_read_again_from_its_start(tmp_path):
     tail.poll()
     assert tail.records == [{"step": 1}, {"step": 2, "version": 5}]
     assert len(tail.superseded) == 3
+
+
+def test_a_file_replaced_and_grown_past_the_old_offset_is_read_again(tmp_path):
+    # The trainer's cut-back is a new file renamed over the old one; the resumed trainer may
+    # append past the old size before the next poll, so the size alone does not show it
+    # (the chaos run's launcher died here of a JSONDecodeError mid-line).
+    path = tmp_path / "metrics.jsonl"
+    tail = MetricsTail(path)
+    _append(path, {"step": 1}, {"step": 2})
+    tail.poll()
+    tmp = tmp_path / ".metrics.jsonl.tmp"
+    tmp.write_text(json.dumps({"step": 1}) + "\n")
+    tmp.replace(path)
+    _append(path, {"step": 2, "version": 7, "note": "x" * 64}, {"step": 3, "version": 8})
+    tail.poll()
+    assert tail.records == [
+        {"step": 1},
+        {"step": 2, "version": 7, "note": "x" * 64},
+        {"step": 3, "version": 8},
+    ]
+    assert tail.unreadable == 0
+
+
+def test_a_line_cut_short_by_a_killed_writer_is_skipped_and_counted(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    tail = MetricsTail(path)
+    with path.open("a") as fh:
+        fh.write(json.dumps({"step": 1}) + "\n" + '{"step": 2, "ver')  # killed mid-write
+    tail.poll()
+    _append(path, {"step": 2, "version": 2})  # the next life writes on the same line
+    _append(path, {"step": 3})
+    tail.poll()
+    assert [r["step"] for r in tail.records] == [1, 3]
+    assert tail.unreadable == 1
