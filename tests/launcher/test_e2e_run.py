@@ -48,17 +48,29 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
+OPERATOR_TOKEN = "operator-tok-e2e-5ecret"
+
+
 def test_run_end_to_end_checks_invariants_metrics_and_checkpoint(tmp_path: Path):
+    """With auth on, as a user starts it with `FLYWHEEL_TOKEN` set (issue 24): every call a
+    service or the launcher makes is within its role (a missing permission would fail the
+    run), the held-out evaluation (Generate, Score) works with the launcher's token, and the
+    operator's token is in no file of the run."""
     config = small_config(tmp_path)
     proc = subprocess.run(
         [*FLYWHEEL, "run", "--config", str(config)],
         capture_output=True,
         text=True,
         timeout=600,
-        env=_env(),
+        env={**_env(), "FLYWHEEL_TOKEN": OPERATOR_TOKEN},
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     run_dir = tmp_path / "runs" / "e2e" / "t"
+    logs = proc.stderr + "".join(p.read_text() for p in (run_dir / "logs").glob("*.log"))
+    assert "PERMISSION_DENIED" not in logs and "UNAUTHENTICATED" not in logs
+    for path in run_dir.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            assert OPERATOR_TOKEN.encode() not in path.read_bytes(), path
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 4
     assert summary["invariants_ok"], summary["invariants"]
@@ -73,6 +85,7 @@ def test_run_end_to_end_checks_invariants_metrics_and_checkpoint(tmp_path: Path)
     assert (
         summary["initial_eval_accuracy"] is not None and summary["final_eval_accuracy"] is not None
     )
+    assert [e["n"] for e in summary["evals"]] == [16, 16]  # before and after training
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     consumed = [g for r in records for g in r["group_ids"]]
@@ -83,46 +96,9 @@ def test_run_end_to_end_checks_invariants_metrics_and_checkpoint(tmp_path: Path)
         assert (run_dir / "logs" / f"{svc}.log").exists()
 
 
-def test_run_recovers_when_rollout_is_killed(tmp_path: Path):
-    config = small_config(tmp_path, steps=6)
-    run_dir = tmp_path / "runs" / "e2e" / "t"
-    proc = subprocess.Popen(
-        [*FLYWHEEL, "run", "--config", str(config)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=_env(),
-    )
-    try:
-        deadline = time.monotonic() + 400
-        metrics = run_dir / "metrics.jsonl"
-        while time.monotonic() < deadline:
-            if metrics.exists() and metrics.read_text().count("\n") >= 2:
-                break
-            assert proc.poll() is None, proc.stdout.read()[-4000:] if proc.stdout else ""
-            time.sleep(0.5)
-        else:
-            pytest.fail("trainer made no progress")
-        pid = json.loads((run_dir / "pids.json").read_text())["rollout-0"]
-        os.kill(pid, signal.SIGKILL)
-        out, _ = proc.communicate(timeout=500)
-    finally:
-        if proc.poll() is None:  # let the launcher stop its services before giving up on it
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-    assert proc.returncode == 0, out[-4000:]
-    assert "rollout-0 died" in out and "restarting" in out
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["steps"] == 6
-    assert summary["invariants"]["buffer_accounting"]["ok"], summary["invariants"]
-    buffer = summary["buffer"]
-    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
-    consumed = [g for r in records for g in r["group_ids"]]
-    assert len(consumed) == len(set(consumed))
-    assert int(buffer["acked_total"]) == len(consumed)  # every group trained was acked once
+# A kill -9 of a rollout replica (its restart, the run finishing its steps, the ledger, no
+# group trained twice, every trained group acked once) is one of the faults of the chaos run
+# (tests/chaos/), which checks all of that with five other faults in the same run.
 
 
 def test_a_starved_trainer_is_diagnosed_and_a_service_dying_too_often_ends_the_run(
