@@ -56,7 +56,7 @@ class NativeDecoderRunner:
 
     @staticmethod
     def supports(model: torch.nn.Module) -> tuple[bool, str]:
-        cfg = model.config
+        cfg: Any = model.config  # an HF PretrainedConfig: attributes vary by model type
         if cfg.model_type not in _NATIVE_TYPES:
             return False, f"model_type {cfg.model_type!r} is not one of {sorted(_NATIVE_TYPES)}"
         if getattr(cfg, "use_sliding_window", False) or (
@@ -78,16 +78,19 @@ class NativeDecoderRunner:
         ok, why = self.supports(model)
         if not ok:
             raise ValueError(f"native runner cannot run this model: {why}")
-        cfg = model.config
+        # The HF model's submodules and config fields are dynamic attributes (nn.Module's
+        # __getattr__ types them Tensor | Module): typed Any here, checked by supports().
+        hf: Any = model
+        cfg: Any = hf.config
         self.model = model
-        base = model.model
-        self.embed = base.embed_tokens
-        self.layers = list(base.layers)
-        self.norm = base.norm
-        self.lm_head = model.lm_head
-        self.num_heads = cfg.num_attention_heads
-        self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.num_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
+        base: Any = hf.model
+        self.embed: Any = base.embed_tokens
+        self.layers: list[Any] = list(base.layers)
+        self.norm: Any = base.norm
+        self.lm_head: Any = hf.lm_head
+        self.num_heads: int = cfg.num_attention_heads
+        self.num_kv_heads: int = getattr(cfg, "num_key_value_heads", None) or self.num_heads
+        self.head_dim: int = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
         self.scaling = float(getattr(self.layers[0].self_attn, "scaling", self.head_dim**-0.5))
         self.max_positions = _max_positions(model)
         self.max_slots = max_slots
@@ -432,16 +435,16 @@ class NativeDecoderRunner:
         for i, layer in enumerate(self.layers):
             q, k, v = self._attn_qkv(i, layer, self._rms(self._ln[i][0], x), rope)
             for j, s in enumerate(seqs):
-                st, n = starts[j], lens[j]
-                self.k[i][s.slot, :, st : st + n] = k[j, :, :n]
-                self.v[i][s.slot, :, st : st + n] = v[j, :, :n]
+                st, width = starts[j], lens[j]
+                self.k[i][s.slot, :, st : st + width] = k[j, :, :width]
+                self.v[i][s.slot, :, st : st + width] = v[j, :, :width]
             keys, values = self.k[i][slots, :, :total], self.v[i][slots, :, :total]
             x = self._finish_layer(i, layer, x, self._sdpa(q, keys, values, mask))
         last = x[torch.arange(r, device=dev), torch.tensor(lens, device=dev) - 1]
         return F.linear(self._rms(self._final_ln, last), *self._head)
 
 
-def _fused_bias(linears: Sequence[torch.nn.Module]) -> torch.Tensor | None:
+def _fused_bias(linears: Sequence[Any]) -> torch.Tensor | None:
     """The concatenated biases of linears fused into one, zeros for those without one;
     None when none has a bias."""
     if all(x.bias is None for x in linears):
