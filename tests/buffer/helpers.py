@@ -5,6 +5,7 @@ from __future__ import annotations
 import zlib
 
 import numpy as np
+import redis
 
 from services.common.codec import Trajectory, TrajectoryGroup
 
@@ -73,3 +74,19 @@ def assert_groups_equal(a: TrajectoryGroup, b: TrajectoryGroup) -> None:
 def exploding_filter(group: TrajectoryGroup) -> bool:
     """A user filter with a bug (for the tests of how the buffer survives it)."""
     raise RuntimeError(f"boom on {group.group_id}")
+
+
+def fsync_every_write(redis_url: str) -> None:
+    """Switch a test's Redis to `appendfsync always` for the rest of its life.
+
+    Tests that kill Redis to observe an *outage* must not also observe Redis's documented
+    `everysec` exception (redis.conf: while a background fsync is slow, the AOF write may be
+    postponed by up to 2 s, so a SIGKILL loses the last acknowledged writes). On a loaded
+    machine that exception made a group put just before the kill vanish; what durability
+    `everysec` gives is tested on its own in tests/common/test_redis_server.py.
+    """
+    client = redis.Redis.from_url(redis_url)
+    try:
+        client.config_set("appendfsync", "always")
+    finally:
+        client.close()

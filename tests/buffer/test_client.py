@@ -17,7 +17,7 @@ from services.common.outage import PeerOutageMetrics
 from services.common.redis_server import RedisServer
 from services.trainer.io_loop import IOLoop
 
-from .helpers import make_group
+from .helpers import fsync_every_write, make_group
 from .proc import BufferProcess
 
 pytestmark = pytest.mark.integration
@@ -33,6 +33,7 @@ async def test_calls_made_while_redis_restarts_succeed_once_it_is_back(
     _, client = await make_buffer(
         buffer={"health_check_interval_s": 0.05}, client_kw={"peer": peer}
     )  # the default outage budget: minutes
+    fsync_every_write(redis_server.url)  # "before" must survive the kill (not the test's topic)
     await client.put(make_group("before"))
     redis_server.kill()
     put = asyncio.create_task(client.put(make_group("g")))

@@ -15,7 +15,7 @@ from flywheel_proto.v1 import buffer_pb2, buffer_pb2_grpc, common_pb2
 from services.buffer.client import InvalidGroupError, VersionRegressionError
 from services.common.codec import group_to_proto
 
-from .helpers import assert_groups_equal, make_group
+from .helpers import assert_groups_equal, fsync_every_write, make_group
 
 pytestmark = pytest.mark.integration
 
@@ -267,6 +267,7 @@ async def test_redis_outage_unavailable_not_serving_then_recovers(
 ) -> None:
     service, client = await make_buffer(buffer={"health_check_interval_s": 0.05})
     client.retries = 0
+    fsync_every_write(redis_server.url)  # "before" must survive the kill (not the test's topic)
     await client.put(make_group("before"))
     assert await health(service.address) == health_pb2.HealthCheckResponse.SERVING
     redis_server.kill()
