@@ -9,10 +9,8 @@
 #   FLYWHEEL_OVERRIDES  whitespace-separated dotted overrides (`buffer.redis_url=...`),
 #                       applied after the file, so an environment can change one key
 #                       without a new config file.
-#   FLYWHEEL_TORCHRUN   (trainer only) when "1", run the trainer under torchrun with the
-#                       rendezvous taken from FLYWHEEL_NNODES / FLYWHEEL_NPROC_PER_NODE /
-#                       FLYWHEEL_NODE_RANK / MASTER_ADDR / MASTER_PORT (the Helm chart's
-#                       StatefulSet sets them).
+# The trainer with trainer.n_ranks > 1 is its own supervisor (services/trainer/launch.py),
+# not torchrun: pass `--grace S` (and on several nodes `--nnodes/--node-rank`) as arguments.
 set -eu
 
 service="${1:-${FLYWHEEL_SERVICE:-}}"
@@ -34,14 +32,5 @@ fi
 # shellcheck disable=SC2086
 if [ "$service" = "prepare" ]; then
   exec python "${FLYWHEEL_PREPARE:-/opt/flywheel/prepare.py}" "$@" ${FLYWHEEL_OVERRIDES:-}
-fi
-if [ "$service" = "trainer" ] && [ "${FLYWHEEL_TORCHRUN:-0}" = "1" ]; then
-  exec torchrun \
-    --nnodes="${FLYWHEEL_NNODES:-1}" \
-    --nproc-per-node="${FLYWHEEL_NPROC_PER_NODE:-1}" \
-    --node-rank="${FLYWHEEL_NODE_RANK:-0}" \
-    --master-addr="${MASTER_ADDR:-127.0.0.1}" \
-    --master-port="${MASTER_PORT:-29500}" \
-    -m services.trainer "$@" ${FLYWHEEL_OVERRIDES:-}
 fi
 exec python -m "services.${service}" "$@" ${FLYWHEEL_OVERRIDES:-}

