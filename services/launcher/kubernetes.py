@@ -223,6 +223,12 @@ def _check_runnable(cfg: FlywheelConfig) -> None:
             f"(e.g. actor.path={SHARED_MOUNT}/models/<name>); the tiny demo model is written "
             "only by the local launcher"
         )
+    if cfg.services.tls.client_enabled and not cfg.scheduler.tls_secret:
+        raise KubernetesLaunchError(
+            "services.tls is set on this machine, but the pods would serve plaintext: create a "
+            "Secret with tls.crt, tls.key and ca.crt in the run's namespace (e.g. by "
+            "cert-manager) and set scheduler.tls_secret=<its name>"
+        )
     if not cfg.train_dataset.path:
         raise KubernetesLaunchError(
             "train_dataset.path is null: on Kubernetes the data set must be a file on the shared "
@@ -230,19 +236,25 @@ def _check_runnable(cfg: FlywheelConfig) -> None:
         )
 
 
-def _probes(component: str) -> dict[str, Any]:
+def _probes(component: str, *, tls: bool = False) -> dict[str, Any]:
     """Native gRPC startup/readiness (NOT_SERVING while draining or applying weights takes a
-    pod out of its Service), HTTP liveness (such a pod must not be restarted)."""
-    grpc = {"port": GRPC_PORT, "service": GRPC_SERVICE[component]}
+    pod out of its Service), HTTP liveness (such a pod must not be restarted). Under TLS the
+    kubelet's gRPC probe (plaintext only) cannot connect: readiness is then the metrics
+    port's `/readyz`, which is 200 exactly while the gRPC health is SERVING."""
+    check: dict[str, Any] = (
+        {"httpGet": {"path": "/readyz", "port": "metrics"}}
+        if tls
+        else {"grpc": {"port": GRPC_PORT, "service": GRPC_SERVICE[component]}}
+    )
     return {
         "startupProbe": {
-            "grpc": grpc,
+            **check,
             "periodSeconds": 10,
             "failureThreshold": 90,
             "timeoutSeconds": 3,
         },
         "readinessProbe": {
-            "grpc": grpc,
+            **check,
             "periodSeconds": 5,
             "failureThreshold": 3,
             "timeoutSeconds": 3,
@@ -254,6 +266,24 @@ def _probes(component: str) -> dict[str, Any]:
             "timeoutSeconds": 3,
         },
     }
+
+
+TLS_MOUNT = "/etc/flywheel/tls"
+
+
+def _tls_env(cfg: FlywheelConfig) -> list[dict[str, Any]]:
+    """`FLYWHEEL_TLS_*` of a pod that mounts `scheduler.tls_secret` at TLS_MOUNT: the same
+    variables the chart sets, so a service reads its certificate the same way everywhere."""
+    env = [
+        {"name": "FLYWHEEL_TLS_CERT", "value": f"{TLS_MOUNT}/tls.crt"},
+        {"name": "FLYWHEEL_TLS_KEY", "value": f"{TLS_MOUNT}/tls.key"},
+        {"name": "FLYWHEEL_TLS_CA", "value": f"{TLS_MOUNT}/ca.crt"},
+    ]
+    if cfg.services.tls.require_client_cert:
+        env.append({"name": "FLYWHEEL_TLS_REQUIRE_CLIENT_CERT", "value": "1"})
+    if cfg.services.tls.server_name:
+        env.append({"name": "FLYWHEEL_TLS_SERVER_NAME", "value": cfg.services.tls.server_name})
+    return env
 
 
 _CONTAINER_SECURITY = {
@@ -309,6 +339,10 @@ def _service_container(
         {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
         {"name": "tmp", "mountPath": "/tmp"},
     ]
+    tls = bool(cfg.scheduler.tls_secret)
+    if tls:
+        env.extend(_tls_env(cfg))
+        mounts.append({"name": "tls", "mountPath": TLS_MOUNT, "readOnly": True})
     if shared:
         mounts.append({"name": "shared", "mountPath": SHARED_MOUNT})
     return {
@@ -328,7 +362,7 @@ def _service_container(
             {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
         ],
-        **_probes(component),
+        **_probes(component, tls=tls),
         "resources": dict(resources or {}),
         "securityContext": copy.deepcopy(_CONTAINER_SECURITY),
         "volumeMounts": mounts,
@@ -351,6 +385,13 @@ def _pod_spec(
     if shared:
         volumes.append(
             {"name": "shared", "persistentVolumeClaim": {"claimName": names.of("shared")}}
+        )
+    if cfg.scheduler.tls_secret:
+        volumes.append(
+            {
+                "name": "tls",
+                "secret": {"secretName": cfg.scheduler.tls_secret, "defaultMode": 0o440},
+            }
         )
     if shm:
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}})

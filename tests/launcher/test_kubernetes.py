@@ -198,6 +198,7 @@ def test_each_pod_gets_only_its_own_roles_token(cfg):
     run_cfg = cfg.model_copy(deep=True)
     run_cfg.services.credentials = {"trainer": "tr-tok", "rollout": "ro-tok"}
     run_cfg.services.tls.ca_file = "/home/me/ca.crt"
+    run_cfg.scheduler.tls_secret = "flywheel-tls"
     objects = by_kind_name(k8s.build_manifests(run_cfg))
     secret = objects[("Secret", "demo-flywheel-secrets")]["stringData"]
     assert secret["trainer"] == "tr-tok" and secret["rollout"] == "ro-tok"
@@ -553,3 +554,52 @@ def test_an_existing_namespace_is_used_and_kept(cfg, stand_in):
     assert code == 0
     assert ("namespaces", "fw-test") in cluster.objects
     assert ("DELETE", "/api/v1/namespaces/fw-test") not in cluster.log
+
+
+def test_tls_from_a_secret_reaches_every_service_pod(cfg):
+    """Issue 24: a run launched with TLS was plaintext in the cluster (the launcher dropped
+    `services.tls` and mounted nothing). With `scheduler.tls_secret` every Flywheel container
+    mounts the Secret and gets the chart's `FLYWHEEL_TLS_*` variables, and its probes are
+    HTTP `/readyz` (the kubelet's gRPC probe cannot speak TLS); with TLS set on the launching
+    machine but no Secret named, the launch is refused instead of running in plaintext."""
+    run_cfg = cfg.model_copy(deep=True)
+    run_cfg.services.tls.ca_file = "/home/me/ca.crt"
+    with pytest.raises(k8s.KubernetesLaunchError, match="scheduler.tls_secret"):
+        k8s.build_manifests(run_cfg)
+    run_cfg.services.tls.require_client_cert = False
+    run_cfg.services.tls.server_name = "flywheel.internal"
+    run_cfg.scheduler.tls_secret = "flywheel-tls"
+    objects = by_kind_name(k8s.build_manifests(run_cfg))
+    seen = set()
+    for (kind, _), obj in objects.items():
+        if kind not in ("Deployment", "StatefulSet", "Job"):
+            continue
+        spec = obj["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        for c in spec["containers"]:
+            if c["name"] not in ("buffer", "reward", "rollout", "trainer"):
+                continue
+            seen.add(c["name"])
+            env = {e["name"]: e.get("value") for e in c["env"]}
+            assert env["FLYWHEEL_TLS_CERT"] == "/etc/flywheel/tls/tls.crt", c["name"]
+            assert env["FLYWHEEL_TLS_KEY"] == "/etc/flywheel/tls/tls.key"
+            assert env["FLYWHEEL_TLS_CA"] == "/etc/flywheel/tls/ca.crt"
+            assert env["FLYWHEEL_TLS_SERVER_NAME"] == "flywheel.internal"
+            assert "FLYWHEEL_TLS_REQUIRE_CLIENT_CERT" not in env
+            [mount] = [m for m in c["volumeMounts"] if m["name"] == "tls"]
+            assert mount["mountPath"] == "/etc/flywheel/tls" and mount["readOnly"]
+            assert volumes["tls"]["secret"]["secretName"] == "flywheel-tls"
+            for probe in ("startupProbe", "readinessProbe"):
+                assert c[probe]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+                assert "grpc" not in c[probe]
+    assert seen == {"buffer", "reward", "rollout", "trainer"}
+    text = objects[("ConfigMap", "demo-flywheel-config")]["data"]["flywheel.yaml"]
+    assert "/home/me" not in text  # this machine's paths stay here
+    run_cfg.services.tls.require_client_cert = True
+    run_cfg.services.tls.cert_file, run_cfg.services.tls.key_file = "/c.crt", "/c.key"
+    for obj in k8s.build_manifests(run_cfg):
+        if obj["kind"] in ("Deployment", "StatefulSet", "Job"):
+            for c in obj["spec"]["template"]["spec"]["containers"]:
+                if c["name"] in seen:
+                    env = {e["name"]: e.get("value") for e in c["env"]}
+                    assert env["FLYWHEEL_TLS_REQUIRE_CLIENT_CERT"] == "1"
