@@ -11,25 +11,14 @@ arbitrary importable callable in the service's workers.
 
 from __future__ import annotations
 
-import importlib
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
+from services.api import RewardFn, load_dotted
 
-class RewardFn(Protocol):
-    """The reward-function contract (docs/extending.md): one completion in, one float out."""
-
-    def __call__(
-        self,
-        prompt: str,
-        completions: str,
-        prompt_ids: list[int],
-        completion_ids: list[int],
-        answer: str,
-        **kwargs: Any,
-    ) -> float: ...
+__all__ = ["BUILTINS", "RewardFn", "RewardRegistry", "ResolvedFn", "load_callable"]
 
 
 BUILTINS: dict[str, str] = {
@@ -149,13 +138,11 @@ class RewardRegistry:
 
 
 def load_callable(path: str) -> Callable[..., Any]:
-    """Import `package.module:attr[.attr]` and return the callable (worker side only)."""
+    """Import `package.module:attr[.attr]` and return the callable (worker side only), with
+    `services.api.load_dotted`: a `DottedPathError` (`ValueError`) names what is missing."""
     if not is_dotted_path(path):
         raise ValueError(f"{path!r} is not a dotted path 'package.module:function'")
-    module_name, _, attr_path = canonical_path(path).partition(":")
-    obj: Any = importlib.import_module(module_name)
-    for part in attr_path.split("."):
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise TypeError(f"{path} is a {type(obj).__name__}, not a callable")
-    return obj
+    fn: Callable[..., Any] = load_dotted(
+        canonical_path(path), "reward function", require_callable=True
+    )
+    return fn

@@ -281,7 +281,7 @@ class TrainerLoop:
         from services.trainer.algorithms.config_adapters import should_accept_from_config
 
         accept = should_accept_from_config(actor)
-        return [g for g in groups if accept([t.reward for t in g.trajectories])]
+        return [g for g in groups if accept(g)]  # services.api.GroupFilter: the group
 
     def _train_step(self, groups: list[TrajectoryGroup], *, wait_batch: float) -> None:
         t0 = time.perf_counter()

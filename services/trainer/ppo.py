@@ -93,17 +93,6 @@ def schedule_steps(cfg: FlywheelConfig, n_minibatches: int) -> int:
     return int(steps) * n_minibatches
 
 
-def _check_supported(engine: Any) -> None:
-    """Refuse, at start, options this trainer does not implement (never ignore them)."""
-    if engine.use_lora:
-        raise ValueError("actor.use_lora: LoRA training is not implemented by this trainer yet")
-    if engine.mb_spec.packing_algorithm != "ffd":
-        raise ValueError(
-            f"actor.mb_spec.packing_algorithm={engine.mb_spec.packing_algorithm!r}: only 'ffd' "
-            "is implemented"
-        )
-
-
 class PPOTrainer:
     """Actor (+ critic, + reference) for one job; `train_batch` is one step.
 
@@ -118,7 +107,6 @@ class PPOTrainer:
             log.warning("actor.optimizer is null; training with the default OptimizerConfig")
             actor = actor.model_copy(update={"optimizer": OptimizerConfig()})
         self.actor_cfg = actor
-        _check_supported(actor)
         if abs(actor.temperature - cfg.gconfig.temperature) > 1e-9 and cfg.gconfig.temperature > 0:
             log.warning(
                 "actor.temperature differs from gconfig.temperature; the trainer recomputes "

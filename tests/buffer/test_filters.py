@@ -45,9 +45,10 @@ def test_resolution() -> None:
     ("spec", "message"),
     [
         ("no_such_filter", "dapo_equal_rewards"),  # the registry lists the valid names
-        ("no_such_pkg.mod:fn", "cannot import 'no_such_pkg.mod'"),
-        ("services.buffer.filters:missing", "has no function 'missing'"),
-        ("services.buffer.filters:", "dotted path like"),
+        ("no_such_pkg.mod:fn", "buffer.filter: cannot import module 'no_such_pkg.mod'"),
+        ("services.buffer.filters:missing", "has no attribute 'missing'"),
+        ("services.buffer.filters:", "is not a dotted path"),
+        ("services.buffer.filters:FilterError.args", "not a callable"),
     ],
 )
 def test_bad_filters_fail_at_start_naming_the_problem(spec: str, message: str) -> None:

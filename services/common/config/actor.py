@@ -9,6 +9,7 @@ docstrings, and the few deliberate default differences are listed in
 from __future__ import annotations
 
 import math
+import re
 import warnings
 from typing import Any, ClassVar, Literal
 
@@ -20,6 +21,13 @@ NormLevel = Literal["batch", "group"] | None
 DType = Literal["float32", "bfloat16", "float16"]
 ProxLogpMethod = Literal["recompute", "loglinear", "linear", "metrics", "reuse_train_logp"]
 LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+
+BUILTIN_SURROGATES = ("clip", "sapo", "cispo")
+"""The surrogates `actor.surrogate` names without a dotted path (the trainer's registry
+`services.trainer.algorithms.surrogates.SURROGATES` holds them)."""
+
+_IDENT = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
+_DOTTED_PATH = re.compile(rf"{_IDENT}(?::|\.){_IDENT}")
 
 _DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 _NULL_WORDS = {"none", "null", "~"}
@@ -113,9 +121,21 @@ class MicroBatchSpec(FlywheelModel):
     n_mbs_divisor: int = Field(default=1, ge=1)
     """The final number of micro-batches is rounded up to a multiple of this."""
 
-    packing_algorithm: Literal["ffd", "kk"] = "ffd"
-    """Bin packing of sequences into micro-batches: first-fit-decreasing or
-    Karmarkar-Karp (better balance across ranks, a little slower)."""
+    packing_algorithm: Literal["ffd"] = "ffd"
+    """Bin packing of sequences into micro-batches: first-fit-decreasing. AReaL's `kk`
+    (Karmarkar-Karp) is refused at load: the trainer does not implement it."""
+
+    @field_validator("packing_algorithm", mode="before")
+    @classmethod
+    def _packing(cls, value: Any) -> Any:
+        if value == "kk":
+            raise RuleViolation(
+                "packing_algorithm",
+                value,
+                "Karmarkar-Karp packing is not implemented by the trainer; use "
+                "packing_algorithm: ffd (first-fit-decreasing, the default)",
+            )
+        return value
 
 
 class OptimizerConfig(FlywheelModel):
@@ -255,7 +275,8 @@ class TrainEngineConfig(FlywheelModel):
     """Offload parameters and optimizer states to CPU between steps."""
 
     use_lora: bool = False
-    """Train LoRA adapters instead of the full weights."""
+    """Train LoRA adapters instead of the full weights. Refused at load when true: the
+    trainer updates the full weights only (the LoRA fields below are then unused)."""
 
     lora_rank: int = Field(default=32, ge=1)
     """LoRA rank."""
@@ -268,6 +289,18 @@ class TrainEngineConfig(FlywheelModel):
 
     peft_type: Literal["lora"] = "lora"
     """PEFT method; only LoRA."""
+
+    @field_validator("use_lora")
+    @classmethod
+    def _no_lora(cls, value: bool) -> bool:
+        if value:
+            raise RuleViolation(
+                "use_lora",
+                value,
+                "LoRA training is not implemented: the trainer updates the full weights; "
+                "set use_lora: false",
+            )
+        return value
 
     @field_validator("dtype", "grad_reduce_dtype", "optimizer_dtype", mode="before")
     @classmethod
@@ -452,8 +485,16 @@ class PPOActorConfig(TrainEngineConfig):
     """Flywheel: each token's KL estimate is clamped to [-kl_clamp, kl_clamp] before it is
     multiplied by `kl_ctl` (AReaL clamps at a fixed 10); null turns the clamp off."""
 
+    surrogate: str = "clip"
+    """Flywheel: the policy-loss surrogate: `clip` (PPO, with `eps_clip_higher` and
+    `c_clip`), `sapo` (soft sigmoid gates), `cispo` (clipped, stop-gradient weight on
+    log π_θ), or the dotted path of your own `services.api.Surrogate`. AReaL's
+    `use_sapo_loss` / `use_cispo_loss` set it to `sapo` / `cispo`; a value that
+    contradicts them fails at load."""
+
     use_sapo_loss: bool = False
-    """SAPO: replace the hard clip by soft sigmoid gates."""
+    """SAPO: replace the hard clip by soft sigmoid gates (AReaL's spelling of
+    `surrogate: sapo`; kept equal to it)."""
 
     sapo_tau_pos: float = 1.0
     """SAPO gate temperature for positive advantages (> 0)."""
@@ -463,7 +504,7 @@ class PPOActorConfig(TrainEngineConfig):
 
     use_cispo_loss: bool = False
     """CISPO: stop-gradient clipped importance weight × advantage × log π_θ on every token;
-    needs `eps_clip_higher`."""
+    needs `eps_clip_higher` (AReaL's spelling of `surrogate: cispo`; kept equal to it)."""
 
     recompute_logprob: bool = False
     """Recompute log-probabilities with the trainer's weights before the update (π_prox)."""
@@ -537,6 +578,20 @@ class PPOActorConfig(TrainEngineConfig):
                     raise RuleViolation(key, data[key], migration)
         return data
 
+    @field_validator("surrogate", mode="before")
+    @classmethod
+    def _surrogate(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            if text in BUILTIN_SURROGATES or _DOTTED_PATH.fullmatch(text):
+                return text
+        raise RuleViolation(
+            "surrogate",
+            value,
+            f"must be one of {', '.join(BUILTIN_SURROGATES)} or the dotted path "
+            "'package.module:function' of a services.api.Surrogate",
+        )
+
     @field_validator("gae_lambda", mode="before")
     @classmethod
     def _gae_lambda(cls, value: Any) -> Any:
@@ -561,6 +616,7 @@ class PPOActorConfig(TrainEngineConfig):
 
     @model_validator(mode="after")
     def _rules(self) -> PPOActorConfig:
+        self._resolve_surrogate()
         self._check_clipping()
         self._check_surrogates()
         self._check_decoupled()
@@ -586,8 +642,32 @@ class PPOActorConfig(TrainEngineConfig):
                 "must be > 0 (e.g. 0.04), or null to disable M2PO",
             )
 
+    def _resolve_surrogate(self) -> None:
+        """`use_sapo_loss` / `use_cispo_loss` (AReaL) → `surrogate`, and back, so the two
+        spellings always agree in the resolved config. A boolean set true contradicts any
+        other surrogate given explicitly (a dump of the resolved config has both, equal)."""
+        flags = [n for n in ("sapo", "cispo") if getattr(self, f"use_{n}_loss")]
+        if len(flags) == 2:
+            raise RuleViolation(
+                "use_cispo_loss",
+                True,
+                "CISPO and SAPO are alternative surrogates; enable at most one of "
+                "use_cispo_loss / use_sapo_loss (or write surrogate: sapo | cispo)",
+            )
+        if flags:
+            if "surrogate" in self.model_fields_set and self.surrogate != flags[0]:
+                raise RuleViolation(
+                    "surrogate",
+                    self.surrogate,
+                    f"contradicts use_{flags[0]}_loss: true; set surrogate: {flags[0]}, or "
+                    f"use_{flags[0]}_loss: false to keep surrogate: {self.surrogate}",
+                )
+            self.__dict__["surrogate"] = flags[0]
+        self.__dict__["use_sapo_loss"] = self.surrogate == "sapo"
+        self.__dict__["use_cispo_loss"] = self.surrogate == "cispo"
+
     def _check_surrogates(self) -> None:
-        if self.use_sapo_loss:
+        if self.surrogate == "sapo":
             for name in ("sapo_tau_pos", "sapo_tau_neg"):
                 tau = getattr(self, name)
                 if not tau > 0:
@@ -601,14 +681,7 @@ class PPOActorConfig(TrainEngineConfig):
                     "SAPO cannot be combined with use_decoupled_loss=true (its soft gate has "
                     "no proximal policy); set use_decoupled_loss: false",
                 )
-        if self.use_cispo_loss:
-            if self.use_sapo_loss:
-                raise RuleViolation(
-                    "use_cispo_loss",
-                    True,
-                    "CISPO and SAPO are alternative surrogates; enable at most one of "
-                    "use_cispo_loss / use_sapo_loss",
-                )
+        if self.surrogate == "cispo":
             if self.eps_clip_higher is None:
                 raise RuleViolation(
                     "eps_clip_higher",

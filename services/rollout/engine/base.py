@@ -48,7 +48,11 @@ class EngineStats:
 
 
 class InferenceEngine(abc.ABC):
-    """What workflows and the servicer use; `TorchEngine` and `SGLangEngine` implement it."""
+    """The base of `TorchEngine` and `SGLangEngine`: what the rollout service drives
+    (lifecycle, pause/resume, weight updates) plus the shared update plumbing.
+
+    It implements `services.api.InferenceEngine`, the protocol workflows are typed
+    against (generation, decoding, the version); a workflow never needs this class."""
 
     name: str = "engine"
 

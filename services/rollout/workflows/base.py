@@ -5,45 +5,24 @@ prompt) with `await workflow.arun_episode(engine, data)`, or returns None to ski
 (e.g. a reward failure under `on_failure: drop_group`). The loop owns ids, reservations and
 the buffer; the workflow only generates and scores. A user workflow is any class with that
 method, named by dotted path (`my_pkg.my_mod.MyWorkflow`), built as `cls(ctx, **kwargs)`.
+
+The contracts (`RolloutWorkflow`, `WorkflowContext`, `InferenceEngine`, `RewardScorer`,
+`ScoreRequest`, `ScoreResult`) are defined in `services.api` and re-exported here.
 """
 
 from __future__ import annotations
 
-import importlib
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
+from services.api import InferenceEngine as InferenceEngine  # re-exported contracts
+from services.api import RewardScorer as RewardScorer
+from services.api import RolloutWorkflow, ScoreRequest, ScoreResult, WorkflowContext, load_dotted
 from services.common.codec import Trajectory, TrajectoryGroup
-from services.rollout.engine.base import InferenceEngine
-from services.rollout.types import Completion, SamplingParams
-
-
-@dataclass(frozen=True)
-class ScoreRequest:
-    """One completion to score, in the reward function's terms."""
-
-    completion: str
-    answer: str = ""
-    prompt: str = ""
-    prompt_ids: Sequence[int] = ()
-    completion_ids: Sequence[int] = ()
-    kwargs: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class ScoreResult:
-    reward: float
-    ok: bool = True
-    status: str = "OK"
-    message: str = ""
-
-
-class RewardScorer(Protocol):
-    async def score(self, items: Sequence[ScoreRequest]) -> list[ScoreResult]: ...
+from services.rollout.types import Completion
 
 
 class RewardServiceScorer:
@@ -73,25 +52,6 @@ class RewardServiceScorer:
             deadline_s=self.deadline_s,
         )
         return [ScoreResult(o.reward, o.ok, str(o.status), o.message) for o in outcomes]
-
-
-@dataclass
-class WorkflowContext:
-    """Everything a workflow needs besides the engine and the row."""
-
-    tokenizer: Any
-    sampling: SamplingParams
-    scorer: RewardScorer
-    on_failure: Literal["zero", "drop_group"] = "zero"
-    # Called with the reward status of every failed score (metrics).
-    on_reward_failure: Callable[[str], None] = lambda status: None
-
-
-@runtime_checkable
-class RolloutWorkflow(Protocol):
-    async def arun_episode(
-        self, engine: InferenceEngine, data: dict[str, Any]
-    ) -> TrajectoryGroup | None: ...
 
 
 def reward_kwargs(data: Mapping[str, Any]) -> dict[str, Any]:
@@ -169,25 +129,37 @@ def make_group(trajectories: list[Trajectory], data: Mapping[str, Any]) -> Traje
     )
 
 
-def load_workflow(name: str, ctx: WorkflowContext, **kwargs: Any) -> RolloutWorkflow:
-    """A registered workflow (`rlvr`, `multi_turn`) or a class by dotted path."""
-    from services.rollout.workflows.multi_turn import MultiTurnWorkflow
-    from services.rollout.workflows.rlvr import RLVRWorkflow
+BUILTIN_WORKFLOWS = {
+    "rlvr": "services.rollout.workflows.rlvr:RLVRWorkflow",
+    "multi_turn": "services.rollout.workflows.multi_turn:MultiTurnWorkflow",
+}
 
-    registry: dict[str, Any] = {"rlvr": RLVRWorkflow, "multi_turn": MultiTurnWorkflow}
-    if name in registry:
-        cls = registry[name]
-    elif "." in name:
-        module_name, _, attr = name.rpartition(".")
-        try:
-            cls = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ValueError(f"rollout.workflow={name!r} cannot be imported: {exc}") from exc
+
+def resolve_workflow_class(name: str) -> type:
+    """The class `rollout.workflow` names: a built-in (`rlvr`, `multi_turn`) or a dotted path
+    to a class with `async arun_episode(engine, data)`. Errors name the key and the fix."""
+    if name in BUILTIN_WORKFLOWS:
+        path = BUILTIN_WORKFLOWS[name]
+    elif "." in name or ":" in name:
+        path = name
     else:
         raise ValueError(
-            f"rollout.workflow={name!r} is unknown; use one of {sorted(registry)} or a dotted path"
+            f"rollout.workflow={name!r} is unknown; use one of {sorted(BUILTIN_WORKFLOWS)} "
+            "or a dotted path"
         )
-    workflow = cls(ctx, **kwargs)
+    try:
+        cls = load_dotted(path, "rollout.workflow", require_callable=True)
+    except ValueError as exc:
+        raise ValueError(f"rollout.workflow={name!r} cannot be imported: {exc}") from exc
+    if not callable(getattr(cls, "arun_episode", None)):
+        raise ValueError(f"rollout.workflow={name!r} has no async arun_episode(engine, data)")
+    return cls  # type: ignore[no-any-return]
+
+
+def load_workflow(name: str, ctx: WorkflowContext, **kwargs: Any) -> RolloutWorkflow:
+    """A registered workflow (`rlvr`, `multi_turn`) or a class by dotted path, built as
+    `cls(ctx, **kwargs)`."""
+    workflow = resolve_workflow_class(name)(ctx, **kwargs)
     if not isinstance(workflow, RolloutWorkflow):
         raise ValueError(f"rollout.workflow={name!r} has no async arun_episode(engine, data)")
     return workflow

@@ -20,8 +20,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from services.api import InferenceEngine
 from services.common.codec import Trajectory, TrajectoryGroup
-from services.rollout.engine.base import InferenceEngine
 from services.rollout.types import SamplingParams
 from services.rollout.workflows.base import (
     ScoreRequest,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from services.api import InferenceEngine
 from services.common.codec import TrajectoryGroup
-from services.rollout.engine.base import InferenceEngine
 from services.rollout.workflows.base import (
     ScoreRequest,
     WorkflowContext,

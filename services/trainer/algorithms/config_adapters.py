@@ -8,10 +8,11 @@ The adapters read attributes only (duck typing): they work with
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
+
+from services.api import GroupFilter
 
 from .advantages import AdvantageResult, compute_advantages
 from .filters import resolve_should_accept
@@ -24,16 +25,16 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def surrogate_name(actor: PPOActorConfig | Any) -> str:
-    """`sapo`, `cispo` or `clip` from `use_sapo_loss` / `use_cispo_loss`."""
-    sapo = bool(getattr(actor, "use_sapo_loss", False))
-    cispo = bool(getattr(actor, "use_cispo_loss", False))
-    if sapo and cispo:
-        raise ValueError("use_sapo_loss and use_cispo_loss exclude each other; set at most one")
-    if cispo:
-        if getattr(actor, "eps_clip_higher", None) is None:
-            raise ValueError("use_cispo_loss needs eps_clip_higher (CISPO's upper clip)")
+    """The surrogate's registry name or dotted path: `actor.surrogate`, or for an object
+    without that field AReaL's booleans (`use_sapo_loss` → `sapo`, `use_cispo_loss` →
+    `cispo`, else `clip`). Which combinations are allowed is the config's rule
+    (`PPOActorConfig`), checked once at load."""
+    name = getattr(actor, "surrogate", None)
+    if name:
+        return str(name)
+    if getattr(actor, "use_cispo_loss", False):
         return "cispo"
-    return "sapo" if sapo else "clip"
+    return "sapo" if getattr(actor, "use_sapo_loss", False) else "clip"
 
 
 def loss_agg_constant(actor: PPOActorConfig | Any) -> float | None:
@@ -149,8 +150,9 @@ def prox_from_config(actor: PPOActorConfig | Any, **tensors: Any) -> ProxResult:
     )
 
 
-def should_accept_from_config(actor: PPOActorConfig | Any) -> Callable[[Sequence[float]], bool]:
-    """The group filter from `should_accept_fn` / `dynamic_sampling`."""
+def should_accept_from_config(actor: PPOActorConfig | Any) -> GroupFilter:
+    """The group filter (`services.api.GroupFilter`) from `should_accept_fn` /
+    `dynamic_sampling`."""
     return resolve_should_accept(
         getattr(actor, "should_accept_fn", None),
         dynamic_sampling=bool(getattr(actor, "dynamic_sampling", False)),

@@ -1,34 +1,42 @@
 """Dynamic filtering of whole groups before training (DAPO dynamic sampling).
 
-A filter decides from a group's rewards whether the group is worth training on. With
-group-relative advantages, a group whose rewards are all equal has advantage 0 everywhere
-and only costs compute; DAPO drops such groups (`dapo_equal_rewards`).
+A filter decides whether a group (the completions of one prompt) is worth training on.
+With group-relative advantages, a group whose rewards are all equal has advantage 0
+everywhere and only costs compute; DAPO drops such groups (`dapo_equal_rewards`).
 
-Signature (`ShouldAccept`): `fn(rewards: Sequence[float], **kwargs) -> bool`. Pick one
-by name from the registry or by dotted path (`actor.should_accept_fn`, `buffer.filter`);
-`accept_all` is the default. The function `resolve_should_accept` / `get_filter` return
-accepts a list of rewards, or a group object with a `.rewards` attribute (the buffer's
-`TrajectoryGroup`) or a `"rewards"` key. This module is torch-free on purpose: the buffer
-service imports it to filter groups at admission time.
+One signature for every filter, `services.api.GroupFilter`: `fn(group) -> bool` over a
+`TrajectoryGroup`. `resolve_group_filter` is the one resolution both config keys use
+(`buffer.filter` in the buffer, `actor.should_accept_fn` in the trainer): a registered
+name, or a dotted path to a `GroupFilter`. The built-in rules are formulas over the
+group's rewards, registered in `FILTERS` in the older form `fn(rewards, **kwargs)`
+(`RewardsFilter`) and adapted with `services.api.rewards_filter`; a dotted path whose
+function's first parameter is `rewards` is adapted the same way, so configs written for
+that form keep working. The adapted filters also take a bare list of rewards or a mapping
+with `"rewards"` (`rewards_of`). This module is torch-free on purpose: the buffer service
+imports it to filter groups at admission time.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
-from .registry import Registry
+from services.api import (
+    GroupFilter,
+    RewardsFilter,
+    is_rewards_filter,
+    load_dotted,
+    rewards_filter,
+    rewards_of,
+)
 
+from .registry import Registry, RegistryError
 
-class ShouldAccept(Protocol):
-    """`(rewards of one group) -> keep the group?`."""
+# The older name of the rewards form, kept for imports.
+ShouldAccept = RewardsFilter
 
-    def __call__(self, rewards: Sequence[float], **kwargs: Any) -> bool: ...
-
-
-FILTERS: Registry[ShouldAccept] = Registry("dynamic filter (should_accept_fn)", validate=callable)
+FILTERS: Registry[RewardsFilter] = Registry("group filter", validate=callable)
 
 
 @FILTERS.register("accept_all")
@@ -53,16 +61,33 @@ def dapo_equal_rewards(rewards: Sequence[float], atol: float = 1e-6, **kwargs: A
     return (max(values) - min(values)) > atol
 
 
-def rewards_of(group: Any) -> list[float]:
-    """The rewards of a group given as a list of floats, an object with `.rewards`, or a
-    mapping with `"rewards"`."""
-    if isinstance(group, Mapping):
-        values = group["rewards"]
-    elif hasattr(group, "rewards"):
-        values = group.rewards
-    else:
-        values = group
-    return [float(r) for r in values]
+def resolve_group_filter(
+    spec: str,
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    key: str = "actor.should_accept_fn",
+) -> GroupFilter:
+    """The `GroupFilter` a config value names: a registered name (adapted from its rewards
+    form, `kwargs` bound), or a dotted path. A dotted `GroupFilter` is returned as it is;
+    one whose first parameter is `rewards` is adapted with `rewards_filter`. Errors are
+    `RegistryError`s (`ValueError`) that start with `key` and list the valid names."""
+    bound = dict(kwargs or {})
+    if spec in FILTERS:
+        return rewards_filter(FILTERS.get(spec), **bound)
+    if "." not in spec and ":" not in spec:
+        raise RegistryError(
+            f"{key}: unknown group filter {spec!r}; valid: {', '.join(FILTERS.names())} "
+            "(or a dotted path 'package.module:function')"
+        )
+    try:
+        fn = load_dotted(spec, key, require_callable=True)
+    except ValueError as exc:
+        raise RegistryError(str(exc)) from exc
+    if is_rewards_filter(fn):
+        return rewards_filter(fn, **bound)
+    if bound:
+        raise RegistryError(f"{key}: {spec!r} is a group filter; it takes no keyword arguments")
+    return fn  # type: ignore[no-any-return]
 
 
 def resolve_should_accept(
@@ -70,30 +95,17 @@ def resolve_should_accept(
     kwargs: Mapping[str, Any] | None = None,
     *,
     dynamic_sampling: bool = False,
-) -> Callable[[Any], bool]:
-    """The filter to use: `spec` (name or dotted path), else `dapo_equal_rewards` when
-    `dynamic_sampling` is on, else `accept_all`; `kwargs` are bound to it. The returned
-    function takes a group's rewards (or the group itself, see `rewards_of`)."""
+) -> GroupFilter:
+    """The trainer's filter: `spec` (name or dotted path), else `dapo_equal_rewards` when
+    `dynamic_sampling` is on, else `accept_all`; `kwargs` are bound to it."""
     name = spec if spec else ("dapo_equal_rewards" if dynamic_sampling else "accept_all")
-    fn = FILTERS.get(name)
-    bound_kwargs = dict(kwargs or {})
-
-    @functools.wraps(fn)
-    def should_accept(group: Any) -> bool:
-        result = fn(rewards_of(group), **bound_kwargs)
-        if not isinstance(result, bool):
-            raise TypeError(
-                f"should_accept_fn {name!r} returned {type(result).__name__}, expected bool"
-            )
-        return result
-
-    return should_accept
+    return resolve_group_filter(name, kwargs, key="actor.should_accept_fn")
 
 
-def get_filter(name: str) -> Callable[[Any], bool]:
-    """`resolve_should_accept(name)`: the lookup the buffer service uses for names it does
-    not know itself. Unknown names raise `RegistryError` (a `ValueError`) listing valid ones."""
-    return resolve_should_accept(name)
+def get_filter(name: str) -> GroupFilter:
+    """`resolve_group_filter(name)` for the buffer (`buffer.filter`). Unknown names raise
+    `RegistryError` (a `ValueError`) listing the valid ones."""
+    return resolve_group_filter(name, key="buffer.filter")
 
 
 G = TypeVar("G")
@@ -101,7 +113,7 @@ G = TypeVar("G")
 
 def filter_groups(
     groups: Iterable[G],
-    should_accept: Callable[[Any], bool],
+    should_accept: Callable[[G], bool],
 ) -> tuple[list[G], dict[str, float]]:
     """Keep the groups `should_accept` accepts; stats: `dynamic_filter_dropped_fraction`."""
     kept: list[G] = []
@@ -112,3 +124,19 @@ def filter_groups(
             kept.append(group)
     dropped = (total - len(kept)) / total if total else 0.0
     return kept, {"dynamic_filter_dropped_fraction": dropped}
+
+
+__all__ = [
+    "FILTERS",
+    "GroupFilter",
+    "RewardsFilter",
+    "ShouldAccept",
+    "accept_all",
+    "dapo_equal_rewards",
+    "filter_groups",
+    "get_filter",
+    "resolve_group_filter",
+    "resolve_should_accept",
+    "rewards_filter",
+    "rewards_of",
+]

@@ -113,6 +113,9 @@ def ppo_actor_loss(
         versions=versions,
         teacher_logprobs=teacher_logprobs,
     )
+    # Argument checks of this public pure function: they guard direct callers (scripts,
+    # notebooks, tests). Through the config the same rules fail earlier, at load
+    # (`PPOActorConfig`), so the trainer never reaches them.
     if importance_sampling_level not in ("token", "sequence"):
         raise ValueError(
             f"importance_sampling_level must be 'token' or 'sequence', got {importance_sampling_level!r}"

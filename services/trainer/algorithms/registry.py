@@ -4,8 +4,9 @@ Every pluggable piece of the algorithm core (surrogates, KL estimators, GAE λ f
 loss aggregation modes, dynamic filters) lives in a `Registry`: a preset names its parts,
 an unknown name fails with the list of valid ones, and registering a name twice is an
 error instead of a silent override. A name that contains a dot and is not registered is
-treated as `package.module.attribute` and imported, so users plug in their own function
-from a config file without touching Flywheel.
+treated as `package.module.attribute` and imported (with `services.api.load_dotted`, the one
+loader every config key uses), so users plug in their own function from a config file
+without touching Flywheel.
 
 This module imports nothing heavy (no torch): `filters` builds on it and the buffer
 service imports `filters` without paying for torch.
@@ -13,42 +14,27 @@ service imports `filters` without paying for torch.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
+
+from services.api import DottedPathError
+from services.api import load_dotted as _load_dotted
 
 T = TypeVar("T")
 
 
-class RegistryError(ValueError):
-    """A name is unknown, registered twice, or a dotted path cannot be imported."""
+class RegistryError(DottedPathError):
+    """A name is unknown, registered twice, or a dotted path cannot be imported (a
+    `ValueError`, like every configuration error)."""
 
 
 def load_dotted(path: str, *, what: str = "object") -> object:
-    """Import `package.module.attr` (also `package.module:attr`) and return the attribute.
-
-    Errors name the path and say what was wrong (module missing, attribute missing), so a
-    typo in a YAML file is reported at start-up in words a user can act on.
-    """
-    if not isinstance(path, str) or not path.strip():
-        raise RegistryError(f"{what}: expected a dotted path 'package.module.attr', got {path!r}")
-    text = path.strip()
-    if ":" in text:
-        module_name, _, attr = text.partition(":")
-    else:
-        module_name, _, attr = text.rpartition(".")
-    if not module_name or not attr:
-        raise RegistryError(f"{what}: {path!r} is not a dotted path 'package.module.attr'")
+    """`services.api.load_dotted` with this module's error type (`RegistryError`); kept so
+    existing callers and plugins that import it from here keep working."""
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise RegistryError(
-            f"{what}: cannot import module {module_name!r} of {path!r}: {exc}"
-        ) from exc
-    try:
-        return getattr(module, attr)
-    except AttributeError as exc:
-        raise RegistryError(f"{what}: module {module_name!r} has no attribute {attr!r}") from exc
+        return _load_dotted(path, what)
+    except DottedPathError as exc:
+        raise RegistryError(str(exc)) from exc
 
 
 class Registry(Generic[T]):

@@ -13,55 +13,28 @@ advantage (no gradient):
   whose gradient at ρ = 1 is exactly the policy gradient -A ∇ρ (σ'(0) · 4 = 1).
 * `cispo` (MiniMax-M1): l = -sg(clip(ρ, 1 - ε_low, 1 + ε_high)) · A · log π_θ,
   so every token keeps a gradient, scaled by the clipped, stop-gradient weight.
+
+The contract (`Surrogate`, `SurrogateParams`, `SurrogateOutput`) is defined in
+`services.api` and re-exported here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Protocol
-
 import torch
 from torch import Tensor
+
+from services.api import Surrogate, SurrogateOutput, SurrogateParams, accepts_positional
 
 from .registry import Registry
 
 
-@dataclass(frozen=True)
-class SurrogateParams:
-    """Knobs of the surrogates (AReaL names in the comments)."""
-
-    eps_clip: float = 0.2  # eps_clip (lower clip, and upper when eps_clip_higher is None)
-    eps_clip_higher: float | None = None  # eps_clip_higher (DAPO clip-higher)
-    c_clip: float | None = None  # c_clip (dual clip, > 1)
-    sapo_tau_pos: float = 1.0  # sapo_tau_pos
-    sapo_tau_neg: float = 1.05  # sapo_tau_neg
-
-    @property
-    def eps_low(self) -> float:
-        return self.eps_clip
-
-    @property
-    def eps_high(self) -> float:
-        return self.eps_clip if self.eps_clip_higher is None else self.eps_clip_higher
+def _fits_surrogate(obj: object) -> bool:
+    """Callable with the four positional arguments of `Surrogate`."""
+    return callable(obj) and accepts_positional(obj, 4)
 
 
-@dataclass
-class SurrogateOutput:
-    per_token_loss: Tensor
-    clipped: Tensor  # bool: where the (upper/lower) clip decided the value
-    dual_clipped: Tensor  # bool: where the dual clip decided the value
-    extra: dict[str, Tensor] = field(default_factory=dict)  # per-token tensors for stats
-
-
-class Surrogate(Protocol):
-    """`(ratio, advantages, logprobs, params) -> SurrogateOutput`, all per token."""
-
-    def __call__(
-        self, ratio: Tensor, advantages: Tensor, logprobs: Tensor, params: SurrogateParams
-    ) -> SurrogateOutput: ...
-
-
-SURROGATES: Registry[Surrogate] = Registry("surrogate", validate=callable)
+# `actor.surrogate` names one of these, or a dotted path to a function of the same signature.
+SURROGATES: Registry[Surrogate] = Registry("surrogate (actor.surrogate)", validate=_fits_surrogate)
 
 
 @SURROGATES.register("clip")
@@ -121,3 +94,14 @@ def cispo_surrogate(
     clip_mask = (r < low) | (r > high)
     loss = -weight * a * logprobs
     return SurrogateOutput(loss, clip_mask, torch.zeros_like(clip_mask))
+
+
+__all__ = [
+    "SURROGATES",
+    "Surrogate",
+    "SurrogateOutput",
+    "SurrogateParams",
+    "cispo_surrogate",
+    "clip_surrogate",
+    "sapo_surrogate",
+]
