@@ -20,19 +20,15 @@ Built-ins (kwargs from `actor.gae_lambda_kwargs`):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from services.api import GaeLambdaFn  # the contract: fn(context, **kwargs) -> Tensor[B]
+
 from .registry import Registry
-
-# `fn(context, **gae_lambda_kwargs) -> Tensor[B]` of finite λ in [0, 1]. A Callable alias
-# rather than a Protocol: each function names its own keyword arguments, so a typo in
-# `gae_lambda_kwargs` is a TypeError instead of being swallowed by a `**kwargs`.
-GaeLambdaFn = Callable[..., Tensor]
-
 
 GAE_LAMBDA_FNS: Registry[GaeLambdaFn] = Registry("GAE lambda function", validate=callable)
 
