@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -24,7 +25,40 @@ def _cuda_available() -> bool:
         return False
 
 
+# The files `make test-compat` runs on the pinned SGLang's torch, transformers and tokenizers
+# (tools/compat_requirements.py): every place Flywheel calls into them on the CPU path, i.e.
+# building and loading models (the tiny model, the GGUF SmolLM2 source), tokenizers and chat
+# templates, the torch engine's generation, log-probabilities, the FSDP2 trainer step on gloo,
+# weight transport and checkpoints. Paths are relative to this folder.
+COMPAT_FILES = (
+    "common/test_tiny_model.py",
+    "common/test_model_source.py",
+    "common/test_weights.py",
+    "rollout/engine/test_torch_engine.py",
+    "rollout/engine/test_runners.py",
+    "rollout/engine/test_sampling.py",
+    "rollout/data/test_datasets.py",
+    "rollout/test_weight_transports.py",
+    "trainer/test_logprobs.py",
+    "trainer/test_fsdp_equivalence.py",
+    "trainer/test_checkpoint.py",
+    "trainer/test_weight_sync.py",
+)
+
+
+def _mark_compat(items: list[pytest.Item]) -> None:
+    here = Path(__file__).resolve().parent
+    files = {here / f for f in COMPAT_FILES}
+    missing = sorted(str(f.relative_to(here)) for f in files if not f.is_file())
+    if missing:
+        raise pytest.UsageError(f"tests/conftest.py COMPAT_FILES names missing files: {missing}")
+    for item in items:
+        if item.path in files:
+            item.add_marker(pytest.mark.compat)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _mark_compat(items)
     if _cuda_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (none on this machine); CPU path tested")
