@@ -46,7 +46,7 @@ _GET_CONNECTION_ARGS = ("EVALSHA",) if _pool_wants_a_command_name() else ()
 def pack(args: Sequence[Arg]) -> list[bytes | memoryview]:
     """One command as RESP chunks: small pieces joined, large payloads passed through."""
     chunks: list[bytes | memoryview] = []
-    head = [b"*%d\r\n" % len(args)]
+    head: list[bytes | memoryview] = [b"*%d\r\n" % len(args)]
     for arg in args:
         if isinstance(arg, str):
             arg = arg.encode()

@@ -46,8 +46,8 @@ def _field(key: int, payload: bytes | memoryview) -> list[bytes | memoryview]:
     return [bytes((key,)), varint(len(payload)), payload]
 
 
-def _put_request_parts(request_id: str, group: bytes) -> list[bytes]:
-    parts: list[bytes] = []
+def _put_request_parts(request_id: str, group: bytes) -> list[bytes | memoryview]:
+    parts: list[bytes | memoryview] = []
     if request_id:
         parts += _field(_PUT_REQUEST_ID, request_id.encode())
     parts += (bytes((_PUT_GROUP,)), varint(len(group)))
@@ -63,7 +63,7 @@ def encode_put_many(puts: Sequence[tuple[str, bytes]]) -> bytes:
     """Wire bytes of `PutManyRequest(puts=[PutRequest(request_id, group), ...])`, joined
     once: every group is copied a single time (megabytes of fresh memory per call are the
     expensive part of writing a request)."""
-    parts: list[bytes] = []
+    parts: list[bytes | memoryview] = []
     for request_id, group in puts:
         inner = _put_request_parts(request_id, group)
         parts += (bytes((_PUTMANY_PUTS,)), varint(sum(len(x) for x in inner)), *inner)
@@ -75,7 +75,7 @@ def encode_claim_response(
 ) -> bytes:
     """Wire bytes of `ClaimResponse(groups=payloads, version, dropped_stale)`; both numbers
     are never negative here."""
-    parts: list[bytes] = []
+    parts: list[bytes | memoryview] = []
     for p in payloads:
         parts += _field(_CLAIM_GROUPS, p)
     if version:
