@@ -273,7 +273,9 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
                 )
             else:
                 results[i] = self._put_response(item.group_id, item.oldest_version, outcome)
-        return buffer_pb2.PutManyResponse(results=results)
+        answered = [r for r in results if r is not None]
+        assert len(answered) == n  # every put was refused above or stored just now
+        return buffer_pb2.PutManyResponse(results=answered)
 
     async def _admissible(
         self, request: buffer_pb2.PutRequest, payload: bytes | memoryview | None
@@ -495,11 +497,14 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
                     served = []
                 break
             await self._wait_arrival(max(0.0, min(poll, deadline - time.monotonic())))
+        payloads: list[bytes | memoryview] = []
         for g in served:
             self.metrics.served_staleness.observe(max(0, version - g.oldest_version))
+            assert g.payload is not None  # filled in by _with_payloads
+            payloads.append(g.payload)
         # The stored payloads are serialized TrajectoryGroups already: the reply is written
         # around them instead of parsing and re-serializing megabytes (see `register`).
-        return wire.encode_claim_response(version, dropped_stale, [g.payload for g in served])
+        return wire.encode_claim_response(version, dropped_stale, payloads)
 
     async def _with_payloads(self, groups: list[ClaimedGroup]) -> list[ClaimedGroup]:
         """Fill in payloads the claim script did not send: from the cache, else from Redis
