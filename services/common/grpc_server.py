@@ -234,9 +234,8 @@ class ServiceServer:
             interceptors=interceptors,
             options=[*message_size_options(max_message_bytes), ("grpc.so_reuseport", 0)],
         )
-        self._health = health.aio.HealthServicer() if hasattr(health, "aio") else None
-        if self._health is None:  # grpcio-health-checking without the aio servicer
-            self._health = health.HealthServicer()
+        aio = getattr(health, "aio", None)  # grpcio-health-checking may lack the aio servicer
+        self._health = aio.HealthServicer() if aio is not None else health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self.server)
         reflection.enable_server_reflection(
             [*self.service_names, HEALTH_SERVICE, reflection.SERVICE_NAME], self.server

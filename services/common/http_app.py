@@ -62,8 +62,9 @@ class MetricsServer:
         sock.bind((self.host, self.port))
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(self._app, log_level="warning", access_log=False, lifespan="off")
+        # uvicorn (>= 0.29) captures signals only on the main thread, so serving from this
+        # thread leaves the service's own SIGTERM handling alone.
         self._server = uvicorn.Server(config)
-        self._server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         self._thread = threading.Thread(
             target=self._server.run,
             kwargs={"sockets": [sock]},
