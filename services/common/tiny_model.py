@@ -166,9 +166,11 @@ def write_tiny_model(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config)
-    model.generation_config.pad_token_id = pad_id
-    model.generation_config.eos_token_id = eos_id
-    model.generation_config.bos_token_id = eos_id
+    generation = model.generation_config
+    assert generation is not None  # a model that can generate is built with one
+    generation.pad_token_id = pad_id
+    generation.eos_token_id = eos_id
+    generation.bos_token_id = eos_id
     hf_tok = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         pad_token=PAD_TOKEN,
