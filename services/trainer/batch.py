@@ -8,8 +8,8 @@ convention: `logprobs[t]` and `versions[t]` belong to token t, prompt tokens hav
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import torch
@@ -41,30 +41,23 @@ class SeqBatch:
     def n_tokens(self) -> int:
         return int(self.seq_lens.sum())
 
+    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> SeqBatch:
+        """A copy with `fn` applied to every tensor field (an absent `turn_ids` stays None)."""
+        changes: dict[str, torch.Tensor] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                changes[f.name] = fn(value)
+        return replace(self, **changes)
+
     def select(self, rows: Sequence[int]) -> SeqBatch:
         """The given rows, trimmed to their own longest sequence."""
         idx = torch.as_tensor(list(rows), dtype=torch.int64)
         width = int(self.seq_lens[idx].max()) if len(idx) else 1
-        out = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if value is None:
-                out[f.name] = None
-            elif value.dim() == 2:
-                out[f.name] = value[idx, :width]
-            else:
-                out[f.name] = value[idx]
-        return SeqBatch(**out)
+        return self._map(lambda v: v[idx, :width] if v.dim() == 2 else v[idx])
 
     def to(self, device: torch.device) -> SeqBatch:
-        return SeqBatch(
-            **{
-                f.name: (
-                    None if getattr(self, f.name) is None else getattr(self, f.name).to(device)
-                )
-                for f in fields(self)
-            }
-        )
+        return self._map(lambda v: v.to(device))
 
 
 def from_groups(groups: Sequence[TrajectoryGroup], pad_id: int = 0) -> SeqBatch:
