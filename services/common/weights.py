@@ -326,21 +326,14 @@ def read_manifest(directory: str | os.PathLike[str]) -> WeightManifest:
     return WeightManifest.from_json(path.read_text())
 
 
-def load_weights(
-    directory: str | os.PathLike[str],
-    *,
-    expected: WeightManifest | None = None,
-    device: str | torch.device = "cpu",
-) -> tuple[dict[str, torch.Tensor], WeightManifest]:
-    """Read and verify a weights directory; raises `WeightsError` naming what is wrong.
-
-    `expected` (the manifest carried by the update request) must agree with the
-    directory's own manifest on version and checksum, so a trainer that says "version 7"
-    cannot be answered with whatever version happens to be on the volume.
-    """
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
+def weights_files(
+    directory: str | os.PathLike[str], expected: WeightManifest | None = None
+) -> tuple[WeightManifest, list[Path]]:
+    """The manifest of a weights directory and the safetensors files it names, before any
+    is opened: raises `WeightsError` when the directory, its manifest or a file is missing,
+    or the manifest is not the one `expected` (the manifest carried by the update request)
+    names, so a trainer that says "version 7" cannot be answered with whatever version
+    happens to be on the volume."""
     directory = Path(directory)
     if not directory.is_dir():
         raise WeightsError(f"weights directory {directory} does not exist")
@@ -357,10 +350,30 @@ def load_weights(
                 f"{expected.version}"
             )
     files = [directory / f for f in manifest.files] or sorted(directory.glob("*.safetensors"))
-    tensors: dict[str, torch.Tensor] = {}
     for f in files:
         if not f.is_file():
             raise WeightsError(f"{f} named in the manifest is missing")
+    return manifest, files
+
+
+def load_weights(
+    directory: str | os.PathLike[str],
+    *,
+    expected: WeightManifest | None = None,
+    device: str | torch.device = "cpu",
+) -> tuple[dict[str, torch.Tensor], WeightManifest]:
+    """Read and verify a weights directory; raises `WeightsError` naming what is wrong.
+
+    `expected` (the manifest carried by the update request) must agree with the
+    directory's own manifest on version and checksum, so a trainer that says "version 7"
+    cannot be answered with whatever version happens to be on the volume.
+    """
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    manifest, files = weights_files(directory, expected)
+    tensors: dict[str, torch.Tensor] = {}
+    for f in files:
         try:
             part = load_file(str(f), device=str(device))
         except (SafetensorError, OSError, ValueError, RuntimeError) as exc:

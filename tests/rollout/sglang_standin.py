@@ -29,6 +29,9 @@ in two ways:
     `tp_size` N needs ranks `rank_offset + tp_rank` for tp_rank < N inside `world_size`
     (`model_executor/model_runner_components/weight_updater.py`); failures are HTTP 400
     with `{"success": false, "message"}`;
+  - `/update_weights_from_disk` is given a path the server opens in its own container: a
+    folder (or a file it links to) outside `mounts` is not there for it, and the update
+    fails as SGLang's loader does for a path that is no local directory;
   - `meta_info.weight_version` is the version named by the last update (`"default"` after a
     start or a `restart()`, which also loses every group and goes back to the base weights).
 
@@ -291,6 +294,13 @@ def build_app(standin: SGLangStandIn) -> FastAPI:
         if bad is not None:
             return bad
         path = Path(body["model_path"])
+        if not standin.sees(path) or not all(
+            standin.sees(f) for f in sorted(path.glob("*.safetensors"))
+        ):
+            # SGLang's loader takes a path that is not a local directory for a Hub repo id
+            # and fails to fetch it (`model_loader/loader.py` `_prepare_weights`;
+            # `weight_updater.py` answers "Failed to get weights iterator").
+            return _fail(f"Failed to get weights iterator: {path} is not a local directory.")
         if not (path / "config.json").is_file():
             return _fail(f"{path} is not a model directory")
         tensors: dict[str, Any] = {}
@@ -374,8 +384,13 @@ class SGLangStandIn:
         tp_size: int = 1,
         context_len: int | None = None,
         join_groups: bool = True,
+        mounts: list[Path] | None = None,
     ) -> None:
         self.model_dir = Path(model_dir)
+        self.mounts = None if mounts is None else [Path(m).resolve() for m in mounts]
+        """The folders the server's container mounts (None: all of this machine). A weights
+        path, or a file it links to, outside them does not exist for the server: SGLang
+        runs in its own container and sees only what is mounted into it."""
         self.tp_size = tp_size
         self.join_groups = join_groups
         """False: `/init_weights_update_group` checks the layout and records the group
@@ -427,6 +442,15 @@ class SGLangStandIn:
         self.stop()
         self._reset()
         self.start()
+
+    def sees(self, path: Path) -> bool:
+        """Whether the server's container could open `path` (links followed)."""
+        if not path.exists():
+            return False
+        if self.mounts is None:
+            return True
+        real = path.resolve()
+        return any(real.is_relative_to(m) for m in self.mounts)
 
     def paths(self) -> list[str]:
         return [c[0] for c in self.calls]

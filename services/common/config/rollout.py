@@ -24,7 +24,15 @@ class SGLangServerConfig(FlywheelModel):
     """Tensor-parallel size of a launched server."""
 
     startup_timeout: float = Field(default=600.0, gt=0.0)
-    """Seconds to wait for a launched server to answer /health."""
+    """Seconds to wait for the server to answer `/ping` (launched or reached by `url`)."""
+
+    scratch_dir: str | None = None
+    """Where the rollout hands weights to SGLang: each disk update's loadable folder (links
+    to the published safetensors beside the served model's `config.json` and tokenizer
+    files) and the safetensors of gRPC-streamed updates are written here, and SGLang is sent
+    this path. SGLang reads it from its own container, so it must be on a volume both mount
+    at the same path. Null: `<cluster.fileroot>/<experiment_name>/<trial_name>/sglang_handover`,
+    the run directory, which the Helm chart and compose put on the volume both mount."""
 
 
 class RolloutConfig(FlywheelModel):

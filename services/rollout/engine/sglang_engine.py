@@ -68,8 +68,8 @@ from services.common.weights import (
     TensorSpec,
     WeightManifest,
     WeightsError,
-    load_weights,
     save_weights,
+    weights_files,
 )
 from services.rollout.engine.base import InferenceEngine
 from services.rollout.types import Completion, SamplingParams, StopReason, UpdateResult
@@ -83,6 +83,75 @@ _HF_SIDECAR_FILES = (
     "tokenizer_config.json",
     "special_tokens_map.json",
 )
+
+
+# Bytes per element of the safetensors dtype names (the format's `dtype` field).
+_SAFETENSORS_ITEMSIZE = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
+}
+
+
+def check_weights_headers(
+    path: str | os.PathLike[str], expected: WeightManifest | None
+) -> tuple[list[str], WeightManifest]:
+    """Tensor names and manifest of a published weights folder, checked from the safetensors
+    headers alone: no tensor is read into memory (SGLang reads the files itself, so a
+    float32 model of many billion parameters never passes through the rollout).
+
+    Checked: the manifest agrees with `expected` (version, checksum), every file it names
+    exists and its header is whole and covers the file exactly (safetensors refuses a
+    truncated file when it opens it), no name repeats, and the tensor count and byte total
+    match the manifest. Not checked: the checksum of the data, which would mean reading
+    every byte; the trainer writes each file whole and the manifest last."""
+    from safetensors import SafetensorError, safe_open
+
+    directory = Path(path)
+    manifest, files = weights_files(directory, expected)
+    names: list[str] = []
+    total = 0
+    for f in files:
+        try:
+            with safe_open(str(f), "pt") as fh:
+                for name in fh.keys():  # noqa: SIM118 - safe_open is not a Mapping
+                    sl = fh.get_slice(name)
+                    size = _SAFETENSORS_ITEMSIZE.get(sl.get_dtype())
+                    if size is None:
+                        raise WeightsError(f"{f}: tensor {name!r} has dtype {sl.get_dtype()}")
+                    numel = 1
+                    for d in sl.get_shape():
+                        numel *= int(d)
+                    total += numel * size
+                    names.append(name)
+        except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+            if isinstance(exc, WeightsError):
+                raise
+            raise WeightsError(f"{f} is unreadable (corrupt or truncated): {exc}") from exc
+    if len(set(names)) != len(names):
+        raise WeightsError(f"{directory}: a tensor name appears in two files")
+    if len(names) != manifest.num_tensors:
+        raise WeightsError(
+            f"partial update: {directory} holds {len(names)} tensors, "
+            f"the manifest says {manifest.num_tensors}"
+        )
+    if manifest.total_bytes and total != manifest.total_bytes:
+        raise WeightsError(
+            f"{directory} holds {total} bytes of tensors, the manifest says {manifest.total_bytes}"
+        )
+    return names, manifest
 
 
 class SGLangError(RuntimeError):
@@ -244,6 +313,7 @@ class SGLangEngine(InferenceEngine):
             startup_timeout=sg.startup_timeout,
             request_timeout=cfg.rollout.request_timeout,
             control_timeout=max(60.0, float(cfg.rollout.weight_update_timeout)),
+            scratch_dir=handover_dir(cfg),
         )
 
     # --------------------------------------------------------------- lifecycle
@@ -540,21 +610,37 @@ class SGLangEngine(InferenceEngine):
             extra={"count": len(unknown), "names": unknown[:5]},
         )
 
-    def _loadable_dir(self, path: str) -> str:
-        """SGLang loads a directory as a model: give it the served model's config and
-        tokenizer files beside the new safetensors (links in a scratch dir when missing)."""
+    def _handover_root(self) -> Path:
+        """Where prepared folders and streamed weights go: `scratch_dir`, a volume the
+        SGLang server mounts at the same path (never this container's private /tmp)."""
+        if self.scratch_dir is None:
+            raise WeightsError(
+                "no scratch_dir: SGLang reads the weights from its own container, so the "
+                "rollout must write them where both mount (rollout.sglang.scratch_dir)"
+            )
+        root = Path(self.scratch_dir)
+        root.mkdir(parents=True, exist_ok=True)
+        return root
+
+    def _loadable_dir(self, path: str, version: int) -> tuple[str, Path | None]:
+        """The folder SGLang is sent, and what to remove once it has loaded it.
+
+        SGLang loads a folder as a model (`*.safetensors` beside the model's `config.json`).
+        A published folder that lacks the config is prepared in `scratch_dir`: relative
+        links to its safetensors (they resolve wherever the shared volume is mounted, as
+        long as both folders are on it) plus copies of the served model's config and
+        tokenizer files. Nothing is read or copied from the tensors themselves."""
         src = Path(path)
         if (src / "config.json").is_file():
-            return str(src)
-        root = Path(self.scratch_dir or tempfile.gettempdir())
-        dst = Path(tempfile.mkdtemp(prefix="flywheel-sglang-", dir=root))
-        for f in src.glob("*.safetensors"):
-            os.symlink(f.resolve(), dst / f.name)
+            return str(src), None
+        dst = Path(tempfile.mkdtemp(prefix=f"v{version:08d}-", dir=self._handover_root()))
+        for f in sorted(src.glob("*.safetensors")):
+            os.symlink(os.path.relpath(f.resolve(), dst.resolve()), dst / f.name)
         for name in _HF_SIDECAR_FILES:
             cand = Path(self.model_path) / name
             if cand.is_file():
                 shutil.copy(cand, dst / name)
-        return str(dst)
+        return str(dst), dst
 
     async def update_weights_from_disk(
         self, path: str, manifest: WeightManifest | None
@@ -562,12 +648,13 @@ class SGLangEngine(InferenceEngine):
         async def run() -> float:
             if manifest is not None:
                 self._check_version(manifest)
-            # Verify before SGLang reads anything: a torn or corrupt dir is refused here.
-            tensors, found = await asyncio.to_thread(load_weights, path, expected=manifest)
+            # Checked before SGLang reads anything, from the headers only: a torn folder,
+            # a truncated file or another version is refused here; the tensors are read
+            # by SGLang alone.
+            names, found = await asyncio.to_thread(check_weights_headers, path, manifest)
             self._check_version(found)
-            self._check_names(list(tensors), refuse=True)
-            del tensors
-            target = await asyncio.to_thread(self._loadable_dir, path)
+            self._check_names(names, refuse=True)
+            target, prepared = await asyncio.to_thread(self._loadable_dir, path, found.version)
 
             async def send() -> Any:
                 return await self._post(
@@ -575,15 +662,23 @@ class SGLangEngine(InferenceEngine):
                     {"model_path": target, "weight_version": str(found.version)},
                 )
 
-            return await self._swap(send, found)
+            try:
+                return await self._swap(send, found)
+            finally:
+                if prepared is not None:  # links and config copies: SGLang has loaded them
+                    shutil.rmtree(prepared, ignore_errors=True)
 
         return await self._run_update("disk", run)
 
     async def update_weights_from_tensors(
         self, tensors: Mapping[str, Any], manifest: WeightManifest, *, verified: bool = False
     ) -> UpdateResult:
-        """gRPC-streamed weights: written to a scratch safetensors dir, then loaded from disk."""
-        scratch = Path(tempfile.mkdtemp(prefix="flywheel-weights-", dir=self.scratch_dir))
+        """gRPC-streamed weights: written as safetensors into `scratch_dir` (where SGLang
+        can read them), then loaded from disk."""
+        try:
+            scratch = Path(tempfile.mkdtemp(prefix="streamed-", dir=self._handover_root()))
+        except (WeightsError, OSError) as exc:
+            return UpdateResult(False, self.version, f"tensors: {exc}")
         try:
             written = await asyncio.to_thread(save_weights, scratch, tensors, manifest.version)
             if written.checksum != manifest.checksum:
@@ -680,6 +775,18 @@ class SGLangEngine(InferenceEngine):
 
     async def _apply_verified(self, tensors: Mapping[str, Any], manifest: WeightManifest) -> float:
         raise WeightsError("the SGLang engine applies weights through its own endpoints")
+
+
+def handover_dir(cfg: Any) -> str:
+    """`rollout.sglang.scratch_dir`, else `sglang_handover` in the run directory
+    (`<cluster.fileroot>/<experiment_name>/<trial_name>`), the folder the rollout writes
+    weights for SGLang into and names in `/update_weights_from_disk`."""
+    explicit = cfg.rollout.sglang.scratch_dir
+    if explicit:
+        return str(explicit)
+    return os.path.join(
+        cfg.cluster.fileroot, cfg.experiment_name, cfg.trial_name, "sglang_handover"
+    )
 
 
 def _answer(path: str, r: Any) -> Any:

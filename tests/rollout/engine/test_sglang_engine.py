@@ -171,25 +171,136 @@ async def test_update_mid_generation_resubmits_and_tags_versions(
     ]
     assert standin.bodies("/pause_generation") == [{"mode": "abort"}]
     [update] = standin.bodies("/update_weights_from_disk")
-    assert update["weight_version"] == "1" and Path(update["model_path"], "config.json").is_file()
+    # A folder prepared in scratch_dir (the stand-in, like SGLang, loads a folder with the
+    # model's config.json), removed once loaded.
+    assert update["weight_version"] == "1" and Path(update["model_path"]).parent == tmp_path
+    assert list(tmp_path.glob("v00000001-*")) == []
     assert sgl.version == 1 and sgl.checksum == manifest.checksum
     assert torch.equal(
         standin.engine.current_weights()["model.norm.weight"], sd["model.norm.weight"]
     )
 
 
-async def test_corrupted_checkpoint_is_refused_before_sglang_sees_it(
-    sgl: SGLangEngine, standin: SGLangStandIn, other_model_dir: Path, tmp_path: Path
+def record_load_file(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """Every file safetensors' `load_file` reads (the stand-in's reads included)."""
+    import safetensors.torch
+
+    real = safetensors.torch.load_file
+    seen: list[Path] = []
+
+    def spy(filename: str, *args: object, **kwargs: object) -> dict[str, torch.Tensor]:
+        seen.append(Path(filename))
+        return real(filename, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(safetensors.torch, "load_file", spy)
+    return seen
+
+
+async def test_disk_update_reads_only_headers_and_hands_sglang_the_path(
+    sgl: SGLangEngine,
+    standin: SGLangStandIn,
+    other_model_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """The tensors are SGLang's to read: the rollout checks the manifest and the safetensors
+    headers and sends the path, so a byte changed in the tensor data (same size, header
+    intact) is not noticed here: proof that the data was never read into this process (a
+    float32 model of billions of parameters would not fit beside SGLang's)."""
+    reads = record_load_file(monkeypatch)
     sd = named_parameters_for_update(load_model(other_model_dir))
-    manifest = save_weights(tmp_path / "v1", sd, 1)
-    f = tmp_path / "v1" / "model.safetensors"
+    manifest = save_weights(tmp_path / "published" / "v1", sd, 1)
+    f = tmp_path / "published" / "v1" / "model.safetensors"
     raw = bytearray(f.read_bytes())
     raw[-7] ^= 0x01
     f.write_bytes(bytes(raw))
+    r = await sgl.update_weights_from_disk(str(f.parent), manifest)
+    assert r.ok, r.message
+    assert sgl.version == 1
+    [update] = standin.bodies("/update_weights_from_disk")
+    handed = Path(update["model_path"])
+    # A prepared folder in scratch_dir: the model's config beside a relative link to the
+    # published file (nothing copied), removed once SGLang has loaded it.
+    assert handed.parent == tmp_path and handed.name.startswith("v00000001-")
+    assert not handed.exists()
+    # The rollout never read the published file; the stand-in (SGLang) read it through the
+    # link in the folder it was sent.
+    assert reads == [handed / "model.safetensors"]
+
+
+async def test_truncated_or_torn_weights_are_refused_from_the_headers(
+    sgl: SGLangEngine, standin: SGLangStandIn, other_model_dir: Path, tmp_path: Path
+) -> None:
+    """What the headers show is refused before SGLang sees it: SGLang's own failed load
+    would retry the same folder for its roll-back (`weight_updater.py`
+    `update_weights_from_disk`)."""
+    sd = named_parameters_for_update(load_model(other_model_dir))
+    manifest = save_weights(tmp_path / "v1", sd, 1)
+    f = tmp_path / "v1" / "model.safetensors"
+    whole = f.read_bytes()
+    f.write_bytes(whole[:-8])
     r = await sgl.update_weights_from_disk(str(tmp_path / "v1"), manifest)
-    assert not r.ok and "checksum mismatch" in r.message and sgl.version == 0
+    assert not r.ok and "truncated" in r.message and sgl.version == 0
+    f.write_bytes(whole)
+    fewer = dict(list(sd.items())[1:])
+    save_weights(tmp_path / "v2", fewer, 2)
+    (tmp_path / "v2" / "flywheel_weights.json").write_text(
+        WeightManifest(2, "x", len(sd), manifest.total_bytes).to_json()
+    )
+    r = await sgl.update_weights_from_disk(str(tmp_path / "v2"), None)
+    assert not r.ok and f"the manifest says {len(sd)}" in r.message
+    r = await sgl.update_weights_from_disk(str(tmp_path / "v1"), make_manifest(sd, 3))
+    assert not r.ok and "holds version 1" in r.message
     assert "/update_weights_from_disk" not in standin.paths()
+
+
+async def test_weights_reach_a_server_that_mounts_only_the_shared_volume(
+    tiny_model_dir: Path, other_model_dir: Path, tmp_path: Path
+) -> None:
+    """SGLang runs in its own container and opens the path it is sent there. With the
+    configuration's defaults the handover folder is in the run directory on the shared
+    volume (not the rollout's private /tmp), its links resolve on that volume, and both
+    transports that go through disk reach the server."""
+    from services.common.config import load_config
+
+    shared = tmp_path / "shared"
+    standin = SGLangStandIn(tiny_model_dir, mounts=[shared, tiny_model_dir]).start()
+    cfg = load_config(
+        None,
+        [
+            f"cluster.fileroot={shared}",
+            f"actor.path={tiny_model_dir}",
+            "rollout.engine=sglang",
+            f"rollout.sglang.url={standin.url}",
+        ],
+    )
+    eng = SGLangEngine.from_config(cfg, tokenizer_path=str(tiny_model_dir))
+    assert eng.scratch_dir == str(shared / "flywheel" / "trial0" / "sglang_handover")
+    await eng.start()
+    try:
+        sd = named_parameters_for_update(load_model(other_model_dir))
+        published = shared / "flywheel" / "trial0" / "weights" / "v00000001"
+        manifest = save_weights(published, sd, 1)
+        r = await eng.update_weights_from_disk(str(published), manifest)
+        assert r.ok, r.message
+        sd2 = {k: v + 1 for k, v in sd.items()}
+        r = await eng.update_weights_from_tensors(sd2, make_manifest(sd2, 2))
+        assert r.ok, r.message
+        got = standin.engine.current_weights()
+        assert all(torch.equal(got[k], v) for k, v in sd2.items())
+        sent = [Path(b["model_path"]) for b in standin.bodies("/update_weights_from_disk")]
+        assert [p.parent for p in sent] == [Path(eng.scratch_dir)] * 2
+        assert list(Path(eng.scratch_dir).iterdir()) == []  # nothing left behind
+        # A folder outside the server's mounts (this container's /tmp, say) is not there
+        # for the server: the update fails, as SGLang's does.
+        eng.scratch_dir = str(tmp_path / "private")
+        v3 = published.with_name("v00000003")
+        r = await eng.update_weights_from_disk(str(v3), save_weights(v3, sd, 3))
+        assert not r.ok and "not a local directory" in r.message and eng.version == 2
+    finally:
+        await eng.stop()
+        standin.stop()
+    assert standin.contract_errors == []
 
 
 def start_sender(model_dir: Path, port: int, *buckets: int) -> subprocess.Popen[bytes]:
