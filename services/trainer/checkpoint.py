@@ -44,7 +44,8 @@ def _rng_state() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     tensors = {"torch_cpu": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         tensors["torch_cuda"] = torch.cuda.get_rng_state()
-    np_state = np.random.get_state()
+    np_state = np.random.get_state(legacy=True)
+    assert isinstance(np_state, tuple)  # the global MT19937: (name, keys, pos, has_gauss, gauss)
     tensors["numpy_keys"] = torch.from_numpy(np.asarray(np_state[1], dtype=np.int64))
     py_version, py_internal, py_gauss = random.getstate()
     meta = {
@@ -194,7 +195,9 @@ def export_hf(
     factory = AutoModelForTokenClassification if critic else AutoModelForCausalLM
     with torch.device("meta"):
         skeleton = factory.from_config(config)
-    skeleton.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
+    # A shallow copy: transformers 5's save_pretrained empties the dict it is given (it pops
+    # each tensor once written), and the caller's state dict is still in use.
+    skeleton.save_pretrained(tmp, state_dict=dict(state_dict), safe_serialization=True)
     for name in _TOKENIZER_FILES:
         src = Path(source_path) / name
         if src.is_file() and not (tmp / name).exists():
