@@ -146,7 +146,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         return resp
 
     async def UpdateWeights(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        transport = _TRANSPORT_NAMES.get(request.transport)
+        transport = _TRANSPORT_NAMES.get(request.transport, "")
         if transport not in ("disk", "distributed"):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
