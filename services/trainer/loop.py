@@ -332,6 +332,8 @@ class TrainerLoop:
                 report = self._io(self.publisher.publish(sd, self.trainer.version))
                 if sync:
                     self._io(self.publisher.resume())
+                # The replicas decode again: probe that they compute what we do.
+                report = self._io(self.publisher.check_parity(sd, report))
             phases["broadcast"] = time.perf_counter() - t
             del sd
         if self.ctx.is_main:

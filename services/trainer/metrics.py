@@ -36,6 +36,7 @@ ranks compute no statistics of their own).
 | `flywheel_trainer_trained_tokens_total` / `_samples_total` | trained tokens / trajectories | — |
 | `flywheel_trainer_weight_broadcast_seconds{transport}` | time to make every replica serve v+1 | rising: transport bottleneck |
 | `flywheel_trainer_unhealthy_replicas_total` | replica updates that failed and were skipped | any: a rollout replica is down |
+| `flywheel_trainer_weight_parity_max_abs_logprob_diff{replica}` | largest absolute log-probability difference between the replica and the trainer on the parity probe after the last update (services/trainer/parity.py) | above the tolerance (1e-3 in float32): the replica computes with different weights; it is paused |
 | `flywheel_trainer_prox_forwards_total` | proximal-logprob forward passes | >0 with loglinear: misconfigured |
 | `flywheel_trainer_checkpoints_total` | checkpoints written | — |
 | `flywheel_trainer_peer_unavailable_seconds_total{peer}` | seconds the `buffer` (or Redis behind it) or a replica `rollout-<i>` did not answer | rising: that peer is down; the trainer waits and retries (services/common/outage.py) |
@@ -169,6 +170,12 @@ class TrainerMetrics:
         self.unhealthy = Counter(
             f"{P}_unhealthy_replicas",
             "Replica weight updates that failed; the replica was skipped for that version.",
+            registry=r,
+        )
+        self.weight_parity = Gauge(
+            f"{P}_weight_parity_max_abs_logprob_diff",
+            "Largest |log p| difference between a replica and the trainer on the parity probe.",
+            ["replica"],
             registry=r,
         )
         self.prox_forwards = Counter(

@@ -29,6 +29,7 @@ from services.trainer.dist import DistContext, init_distributed
 from services.trainer.io_loop import IOLoop
 from services.trainer.loop import TrainerLoop
 from services.trainer.metrics import TrainerMetrics
+from services.trainer.parity import PARITY_FILE, ParityProbe
 from services.trainer.paths import RunPaths
 from services.trainer.ppo import PPOTrainer
 from services.trainer.servicer import SERVICE_NAME, TrainerServicer
@@ -104,7 +105,14 @@ class TrainerService:
                     outage_budget_s=s.peer_outage_budget_s,
                     peer=peers.peer("buffer", s.buffer.address) if peers is not None else None,
                 )
-                publisher = WeightPublisher(self.cfg, weight_dir=self.paths.weight_dir, peers=peers)
+                parity = ParityProbe.from_config(
+                    self.cfg,
+                    log_path=self.paths.run_dir / PARITY_FILE,
+                    gauge=self.metrics.weight_parity if self.metrics is not None else None,
+                )
+                publisher = WeightPublisher(
+                    self.cfg, weight_dir=self.paths.weight_dir, peers=peers, parity=parity
+                )
                 return buffer, publisher
 
             self.buffer, self.publisher = self.io.run(make_clients(), timeout=30)

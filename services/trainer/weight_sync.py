@@ -20,7 +20,8 @@ the version it now serves.
 
 A publication is complete when every replica answers with the new version, or has failed
 and been marked unhealthy for that version (counted in `unhealthy_replicas_total`, never
-silent). Unhealthy replicas are tried again at the next publication; for the distributed
+silent); so is one that took the update but then fails the parity probe (`check_parity`,
+services/trainer/parity.py). Unhealthy replicas are tried again at the next publication; for the distributed
 transport a failure also dissolves the group, which is rebuilt with the replicas that
 answer at the next publication.
 """
@@ -35,6 +36,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -50,6 +52,9 @@ from services.common.weights import (
 )
 from services.rollout.client import RolloutClient
 from services.trainer.dist import free_port
+
+if TYPE_CHECKING:
+    from services.trainer.parity import ParityProbe
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +108,7 @@ class WeightPublisher:
         weight_dir: str | os.PathLike[str],
         addresses: list[str] | None = None,
         peers: PeerOutageMetrics | None = None,
+        parity: ParityProbe | None = None,
     ) -> None:
         self.cfg = cfg
         self.transport = cfg.trainer.weight_transport
@@ -125,6 +131,7 @@ class WeightPublisher:
         self._group: WeightsGroup | None = None
         self._group_members: list[str] = []
         self._group_version = -1  # the version the group last delivered to every member
+        self.parity = parity
 
     @property
     def enabled(self) -> bool:
@@ -198,6 +205,25 @@ class WeightPublisher:
                     extra={"replica": addr, "version": version, "reason": outcome},
                 )
         report.seconds = time.perf_counter() - t0
+        return report
+
+    async def check_parity(
+        self, state_dict: dict[str, torch.Tensor], report: PublishReport
+    ) -> PublishReport:
+        """Run the parity probe (services/trainer/parity.py) on the replicas `report` updated,
+        once they decode again (after `resume` in synchronous mode); a replica that fails
+        moves from `updated` to `failed` and is unhealthy like one that refused the update."""
+        if self.parity is None or not report.updated:
+            return report
+        dtype = getattr(torch, self.cfg.trainer.weight_dtype)
+        sent = {k: t.to(dtype) if t.is_floating_point() else t for k, t in state_dict.items()}
+        results = await self.parity.check(self.clients, sent, report.version, report.updated)
+        for addr, r in results.items():
+            if not r.ok:
+                report.updated.remove(addr)
+                report.failed[addr] = f"parity: {r.reason}"
+                self.unhealthy.add(addr)
+                self.failures_total += 1
         return report
 
     @staticmethod

@@ -112,3 +112,29 @@ def wait_serving(
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{address} not SERVING after {timeout:.0f}s")
             time.sleep(0.1)
+
+
+@contextmanager
+def running_replica(cfg: FlywheelConfig, root: Path) -> Iterator[str]:
+    """`python -m services.rollout --eval-only` on `cfg` as its own process (the torch
+    engine, no buffer or reward); yields its address once it serves."""
+    path = write_config(cfg, root / "rollout.yaml")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    log_path = root / "rollout.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.rollout", "--config", str(path), "--eval-only"],
+        cwd=ROOT,
+        env=env,
+        stdout=log_path.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    address = cfg.services.rollout.replica_address(0)
+    try:
+        wait_serving(address, proc, log_path)
+        yield address
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()

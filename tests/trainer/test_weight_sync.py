@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import gc
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -40,7 +37,7 @@ from services.trainer.weight_sync import (
     version_dir,
 )
 from tests.trainer.helpers import synthetic_groups, trainer_config
-from tests.trainer.services import ROOT, running_buffer, wait_serving, write_config
+from tests.trainer.services import running_buffer, running_replica
 
 pytestmark = pytest.mark.integration
 
@@ -60,38 +57,16 @@ def setup(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         f"actor.temperature={TEMPERATURE}",
         "rollout.weight_update_timeout=60",
     )
-    path = write_config(cfg, root / "rollout.yaml")
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    log_path = root / "rollout.log"
-    log = log_path.open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "services.rollout", "--config", str(path), "--eval-only"],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    io = IOLoop("test-wsync")
-    try:
-        wait_serving(f"127.0.0.1:{port}", proc, log_path)
-        trainer = PPOTrainer(cfg)
-        yield {
-            "cfg": cfg,
-            "trainer": trainer,
-            "io": io,
-            "root": root,
-            "address": f"127.0.0.1:{port}",
-        }
-    finally:
-        io.close()
-        # Free the trainer side of the weights group (its TCPStore host) so the replica's
-        # leaving barrier fails fast instead of waiting for its timeout.
-        gc.collect()
-        proc.terminate()
+    with running_replica(cfg, root) as address:
+        io = IOLoop("test-wsync")
         try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+            trainer = PPOTrainer(cfg)
+            yield {"cfg": cfg, "trainer": trainer, "io": io, "root": root, "address": address}
+        finally:
+            io.close()
+            # Free the trainer side of the weights group (its TCPStore host) so the
+            # replica's leaving barrier fails fast instead of waiting for its timeout.
+            gc.collect()
 
 
 def _sample_and_score(setup: dict, version: int) -> tuple[torch.Tensor, torch.Tensor, int]:
