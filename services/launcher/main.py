@@ -80,6 +80,8 @@ def eval_main(argv: list[str]) -> int:
             procs.append(proc)
             wait_until_serving(proc, address, cfg.launcher.startup_timeout)
         data = args.data or cfg.valid_dataset.path
+        if not data:
+            raise SystemExit("flywheel eval: valid_dataset.path is empty and --data was not given")
         rows = read_rows(data)[: args.n or cfg.launcher.eval.n_prompts]
         result = evaluate(
             cfg.services.rollout.address,
