@@ -880,18 +880,21 @@ class KubernetesRun:
         from kubernetes.client.exceptions import ApiException
 
         kind, ns = obj["kind"], self.namespace
+        # The client sends a dict body as it is (sanitize_for_serialization); its annotations
+        # name only the generated model classes (V1Secret, ...).
+        body: Any = obj
         calls: dict[str, Callable[[], Any]] = {
-            "Namespace": lambda: self.core.create_namespace(obj),
-            "Secret": lambda: self.core.create_namespaced_secret(ns, obj),
-            "ConfigMap": lambda: self.core.create_namespaced_config_map(ns, obj),
+            "Namespace": lambda: self.core.create_namespace(body),
+            "Secret": lambda: self.core.create_namespaced_secret(ns, body),
+            "ConfigMap": lambda: self.core.create_namespaced_config_map(ns, body),
             "PersistentVolumeClaim": lambda: self.core.create_namespaced_persistent_volume_claim(
-                ns, obj
+                ns, body
             ),
-            "Service": lambda: self.core.create_namespaced_service(ns, obj),
-            "Deployment": lambda: self.apps.create_namespaced_deployment(ns, obj),
-            "StatefulSet": lambda: self.apps.create_namespaced_stateful_set(ns, obj),
-            "Job": lambda: self.batch.create_namespaced_job(ns, obj),
-            "NetworkPolicy": lambda: self.networking.create_namespaced_network_policy(ns, obj),
+            "Service": lambda: self.core.create_namespaced_service(ns, body),
+            "Deployment": lambda: self.apps.create_namespaced_deployment(ns, body),
+            "StatefulSet": lambda: self.apps.create_namespaced_stateful_set(ns, body),
+            "Job": lambda: self.batch.create_namespaced_job(ns, body),
+            "NetworkPolicy": lambda: self.networking.create_namespaced_network_policy(ns, body),
         }
         try:
             calls[kind]()
@@ -947,10 +950,12 @@ class KubernetesRun:
     def _ready(self, obj: Mapping[str, Any]) -> bool:
         name, want = obj["metadata"]["name"], obj["spec"].get("replicas", 1)
         if obj["kind"] == "Deployment":
-            status = self.apps.read_namespaced_deployment_status(name, self.namespace).status
+            deployment = self.apps.read_namespaced_deployment_status(name, self.namespace).status
+            ready = None if deployment is None else deployment.ready_replicas
         else:
-            status = self.apps.read_namespaced_stateful_set_status(name, self.namespace).status
-        return (status.ready_replicas or 0) >= want
+            stateful = self.apps.read_namespaced_stateful_set_status(name, self.namespace).status
+            ready = None if stateful is None else stateful.ready_replicas
+        return (ready or 0) >= want
 
     def wait_ready(self, workloads: list[dict[str, Any]], timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -1017,7 +1022,9 @@ class KubernetesRun:
                 stream = self.core.read_namespaced_pod_log(
                     pod, self.namespace, container=container, follow=True, _preload_content=False
                 )
-                for raw in stream.stream():
+                # With _preload_content=False the client returns the urllib3 response, not
+                # the str its annotation names.
+                for raw in stream.stream():  # type: ignore[attr-defined]
                     if self._stop.is_set():
                         break
                     for line in raw.decode(errors="replace").splitlines():
@@ -1056,12 +1063,13 @@ class KubernetesRun:
             # Pod 0 of the trainer Job: named "<job>-0-<suffix>" (its hostname "<job>-0").
             job = self.names.of("trainer")
             pod0 = next((p for p in exits if p == f"{job}-0" or p.startswith(f"{job}-0-")), "")
-            if pod0 in exits and exits[pod0] is not None:
+            code = exits.get(pod0)
+            if code is not None:
                 # the trainer's last lines (its summary) are worth the wait
                 for (_, container), thread in list(self._followers.items()):
                     if container == "trainer":
                         thread.join(timeout=5.0)
-                return int(exits[pod0])
+                return int(code)
             if deadline is not None and time.monotonic() > deadline:
                 raise KubernetesLaunchError(f"trainer did not finish within {timeout:.0f} s")
             time.sleep(self.poll_seconds)
