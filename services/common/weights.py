@@ -199,7 +199,7 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     t = t.contiguous()
     if t.numel() == 0:
         return memoryview(b"")
-    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+    return t.reshape(-1).view(torch.uint8).numpy().data
 
 
 def _checksum_header(name: str, dtype: str, shape: Sequence[int]) -> bytes:
@@ -527,7 +527,8 @@ def _new_group(
     helper = getattr(c10d, "_new_process_group_helper", None)
     if helper is None:  # pragma: no cover - torch without the helper: a plain group object
         if backend == "nccl":
-            return dist.ProcessGroupNCCL(store, rank, world_size)
+            # The binding gives `options` a default; torch's stub leaves it out.
+            return dist.ProcessGroupNCCL(store, rank, world_size)  # type: ignore[call-arg]
         return dist.ProcessGroupGloo(store, rank, world_size, timeout)
     params = inspect.signature(helper).parameters
     options = "backend_options" if "backend_options" in params else "pg_options"
