@@ -69,7 +69,7 @@ test-fast: venv
 lint: venv
 	$(VENV)/bin/ruff check services tests benchmarks tools
 	$(VENV)/bin/ruff format --check services tests benchmarks tools
-	$(VENV)/bin/mypy services/common/config services/trainer/algorithms
+	$(VENV)/bin/mypy services
 
 format: venv
 	$(VENV)/bin/ruff format services tests benchmarks tools
