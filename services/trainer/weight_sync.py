@@ -24,6 +24,12 @@ silent); so is one that took the update but then fails the parity probe (`check_
 services/trainer/parity.py). Unhealthy replicas are tried again at the next publication; for the distributed
 transport a failure also dissolves the group, which is rebuilt with the replicas that
 answer at the next publication.
+
+Every call to a replica ends within `rollout.weight_update_timeout`, retries included, so a
+replica that is alive but never answers (stopped, wedged) fails like a dead one and the
+trainer goes on. An unhealthy replica gets weights again once it answers a version probe
+(`UNHEALTHY_PROBE_S`); until then it is skipped, so a hung replica costs one deadline, not
+one per step.
 """
 
 from __future__ import annotations
@@ -59,6 +65,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 LATEST_FILE = "LATEST"
+UNHEALTHY_PROBE_S = 5.0
+"""Seconds an unhealthy replica has to answer GetVersion before a publication sends it
+weights again (capped by `rollout.weight_update_timeout`)."""
 
 
 @dataclass
@@ -137,6 +146,11 @@ class WeightPublisher:
     def enabled(self) -> bool:
         return bool(self.addresses)
 
+    @property
+    def deadline_s(self) -> float:
+        """What one replica's part of a publication may take, retries included."""
+        return self.cfg.rollout.weight_update_timeout
+
     async def close(self) -> None:
         self._drop_group()
         for c in self.clients.values():
@@ -152,7 +166,7 @@ class WeightPublisher:
     async def versions(self) -> dict[str, int | None]:
         async def one(c: RolloutClient) -> int | None:
             try:
-                return await c.get_version()
+                return await asyncio.wait_for(c.get_version(), self.deadline_s)
             except Exception:  # noqa: BLE001 - unreachable replica: no version
                 return None
 
@@ -162,7 +176,7 @@ class WeightPublisher:
     async def _each(self, fn) -> None:  # type: ignore[no-untyped-def]
         async def one(addr: str, c: RolloutClient) -> None:
             try:
-                await fn(c)
+                await asyncio.wait_for(fn(c), self.deadline_s)
             except Exception as exc:  # noqa: BLE001 - a dead replica must not stop training
                 log.warning(
                     "rollout control call failed", extra={"replica": addr, "error": str(exc)}
@@ -177,6 +191,8 @@ class WeightPublisher:
         """Make every replica (or those in `only`) serve `state_dict` as `version`."""
         targets = list(self.addresses if only is None else only)
         t0 = time.perf_counter()
+        skipped = await self._still_unhealthy([a for a in targets if a in self.unhealthy])
+        targets = [a for a in targets if a not in skipped]
         dtype = getattr(torch, self.cfg.trainer.weight_dtype)
         if any(t.dtype != dtype and t.is_floating_point() for t in state_dict.values()):
             state_dict = {
@@ -191,6 +207,7 @@ class WeightPublisher:
             results = await self._publish_distributed(state_dict, manifest, targets)
         else:  # pragma: no cover - the config validates the literal
             raise ValueError(f"trainer.weight_transport={self.transport!r} is unknown")
+        results.update(skipped)
         report = PublishReport(version, self.transport, 0.0)
         for addr, outcome in results.items():
             if outcome is None:
@@ -226,6 +243,25 @@ class WeightPublisher:
                 self.failures_total += 1
         return report
 
+    async def _still_unhealthy(self, addrs: list[str]) -> dict[str, str | None]:
+        """The unhealthy replicas among `addrs` that still do not answer a version probe,
+        with the reason they are skipped; the others get this publication's weights."""
+        probe = min(UNHEALTHY_PROBE_S, self.deadline_s)
+
+        async def silent(addr: str) -> bool:
+            try:
+                await asyncio.wait_for(self.clients[addr].get_version(), probe)
+            except Exception:  # noqa: BLE001 - no answer is the answer
+                return True
+            return False
+
+        found = await asyncio.gather(*(silent(a) for a in addrs))
+        return {
+            a: f"skipped: no answer to a version probe within {probe:g}s"
+            for a, s in zip(addrs, found, strict=True)
+            if s
+        }
+
     @staticmethod
     def _check(result, version: int) -> str | None:  # type: ignore[no-untyped-def]
         if not result.ok:
@@ -236,7 +272,12 @@ class WeightPublisher:
 
     async def _guarded(self, addr: str, coro, version: int) -> str | None:  # type: ignore[no-untyped-def]
         try:
-            return self._check(await coro, version)
+            return self._check(await asyncio.wait_for(coro, self.deadline_s), version)
+        except TimeoutError:
+            return (
+                f"no answer within rollout.weight_update_timeout={self.deadline_s:g}s "
+                "(retries included)"
+            )
         except Exception as exc:  # noqa: BLE001 - reported per replica
             return f"{type(exc).__name__}: {exc}"
 

@@ -331,3 +331,72 @@ async def test_sglang_tp_replicas_are_asked_for_offset_plus_tp_rank(
     assert [s.group_ranks["flywheel_weights"] for s in standins] == [[1, 2], [3, 4]]
     assert all(s.contract_errors == [] for s in standins)
     assert set(report.failed) == set(addresses)  # nobody joined the trainer's rendezvous
+
+
+# ------------------------------- issue 17: a replica alive but silent does not hold the trainer
+
+
+def _replica_pid(setup: dict) -> int:
+    """The pid of the module's rollout replica (started on `<root>/rollout.yaml`)."""
+    config = str(setup["root"] / "rollout.yaml").encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"services.rollout" in argv and config in argv:
+            return int(entry.name)
+    raise AssertionError(f"no rollout replica started on {config!r}")
+
+
+@pytest.mark.parametrize("transport", ["disk", "grpc"])
+def test_a_stopped_replica_fails_its_deadline_is_skipped_and_caught_up(
+    setup: dict, transport: str
+) -> None:
+    """SIGSTOP of the real replica process: it keeps its socket (connections are accepted,
+    nothing answers). A publication with `rollout.weight_update_timeout=2` reports it failed
+    at its deadline (retries included) and marks it unhealthy; the next one skips it after a
+    version probe; after SIGCONT the next one gives it the newest weights."""
+    import os
+    import signal
+
+    base: FlywheelConfig = setup["cfg"]
+    cfg = base.model_copy(
+        update={
+            "trainer": base.trainer.model_copy(update={"weight_transport": transport}),
+            "rollout": base.rollout.model_copy(update={"weight_update_timeout": 2.0}),
+        }
+    )
+    trainer: PPOTrainer = setup["trainer"]
+    sd = trainer.actor.full_state_dict()
+    address = setup["address"]
+    version = _next_version(setup)
+    pid = _replica_pid(setup)
+
+    async def publish_three():
+        pub = WeightPublisher(cfg, weight_dir=setup["root"] / f"w-stop-{transport}")
+        reports = []
+        try:
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                reports.append(await pub.publish(sd, version))
+                reports.append(await pub.publish(sd, version + 1))
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            reports.append(await pub.publish(sd, version + 2))
+            return reports, pub.failures_total, set(pub.unhealthy)
+        finally:
+            await pub.close()
+
+    # The bound only guards a hang of the test; three deadlines of 2 s are far below it.
+    (hung, skipped, back), failures, unhealthy = setup["io"].run(publish_three(), timeout=120)
+    assert hung.updated == [] and list(hung.failed) == [address]
+    assert "rollout.weight_update_timeout=2s" in hung.failed[address]
+    assert skipped.updated == [] and skipped.failed[address].startswith("skipped: no answer")
+    assert back.updated == [address] and back.failed == {}
+    assert failures == 2 and unhealthy == set()
+    served, recomputed, served_version = _sample_and_score(setup, version + 2)
+    assert served_version == version + 2
+    torch.testing.assert_close(served, recomputed, rtol=1e-4, atol=1e-4)
