@@ -109,7 +109,13 @@ class RolloutConfig(FlywheelModel):
     """Flywheel: sequences decoded together by the torch engine."""
 
     weight_update_timeout: float = Field(default=600.0, gt=0.0)
-    """Flywheel: seconds a replica may take to apply new weights before it is reported."""
+    """Flywheel: seconds a replica may take to apply new weights, retries included, before
+    it is reported unhealthy and skipped (it is caught up once it answers again). Long on
+    purpose: the largest update a replica accepts (`max_weight_bytes`, 64 GiB) read from a
+    network volume at ~200 MB/s takes ~330 s, and a deadline below a healthy replica's load
+    time makes it miss every update, while a hung replica costs one deadline per hang (later
+    publications skip it after a 5 s version probe). Lower it to a few times
+    `flywheel_trainer_weight_broadcast_seconds` when your updates are small."""
 
     torch_device: Literal["auto", "cpu", "cuda"] = "auto"
     """Flywheel: device of the torch engine; `auto` uses CUDA when present."""
