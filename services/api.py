@@ -244,8 +244,9 @@ def rewards_of(group: Any) -> list[float]:
     return [float(r) for r in values]
 
 
-def rewards_filter(fn: RewardsFilter, **kwargs: Any) -> GroupFilter:
-    """Adapt `fn(rewards, **kwargs) -> bool` to the `GroupFilter` signature.
+def rewards_filter(fn: Callable[..., bool], **kwargs: Any) -> GroupFilter:
+    """Adapt `fn(rewards, **kwargs) -> bool` (a `RewardsFilter`, or any function of the
+    rewards whose other arguments are bound here) to the `GroupFilter` signature.
 
     The adapted filter passes `rewards_of(group)` and the bound `kwargs`, and refuses a
     result that is not a `bool` (a truthy 1 or a numpy bool would hide a bug). Usable as a

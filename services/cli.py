@@ -9,20 +9,27 @@
 `eval` and `status` parse their own arguments in the launcher
 (`services.launcher.main.eval_main(argv)` / `status_main(argv)`); `run` validates the
 config here and calls `services.launcher.main.run(config, config_path, overrides)`.
-`--dry-run` prints the resolved configuration as YAML and exits 0. An invalid
+`--dry-run` also imports every dotted path the configuration names (`reward.fn`,
+`reward.functions`, `rollout.workflow`, `buffer.filter`, `actor.should_accept_fn`,
+`actor.gae_lambda`, `actor.surrogate`) and checks it against its contract
+(`services.api`), so a typo fails here, naming the key, rather than when a service
+starts; then it prints the resolved configuration as YAML and exits 0. An invalid
 configuration prints the errors on stderr and exits 2, before anything starts. The
-launcher (`services.launcher.main`) is imported only when it is needed, so that checking
-a config never pulls in torch or starts a process.
+launcher (`services.launcher.main`) is imported only when it is needed, and torch only
+when the configuration names a λ function or a surrogate of its own (their registries
+are torch modules), so that checking a config never starts a process.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from services.common.config import ConfigError, to_yaml
+from services.common.config import ConfigError, FlywheelConfig, to_yaml
 from services.common.config.loader import load_with_report
 
 EXIT_OK = 0
@@ -44,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
         "eval": "evaluate a checkpoint on valid_dataset",
         "status": "show the state of a running experiment",
         "doctor": "check a run against the RL troubleshooting playbook (RUN_DIR [--json])",
+        "sft": "supervised fine-tuning of the actor (--config FILE [overrides] [--dry-run])",
     }
     for name, text in helps.items():
         cmd = sub.add_parser(name, help=text, description=text)
@@ -66,6 +74,88 @@ def _parser() -> argparse.ArgumentParser:
             "+actor.new_key=1, ~key to reset a key to its default."
         )
     return parser
+
+
+def _check_reward(cfg: FlywheelConfig) -> None:
+    from services.reward.registry import BUILTINS, RewardRegistry, load_callable
+
+    registry = RewardRegistry(cfg.reward.functions, default=cfg.reward.fn)
+    builtin_paths = set(BUILTINS.values())
+    for path in {registry.default.path, *registry.paths().values()} - builtin_paths:
+        load_callable(path)
+
+
+def _check_workflow(cfg: FlywheelConfig) -> None:
+    from services.rollout.workflows.base import resolve_workflow_class
+
+    resolve_workflow_class(cfg.rollout.workflow)
+
+
+def _check_buffer_filter(cfg: FlywheelConfig) -> None:
+    from services.buffer.filters import resolve_filter
+
+    resolve_filter(cfg.buffer.filter)
+
+
+def _check_should_accept(cfg: FlywheelConfig) -> None:
+    from services.trainer.algorithms.filters import resolve_should_accept
+
+    resolve_should_accept(cfg.actor.should_accept_fn)
+
+
+def _check_gae_lambda(cfg: FlywheelConfig) -> None:
+    from services.trainer.algorithms.gae_lambda import GAE_LAMBDA_FNS
+
+    fn = GAE_LAMBDA_FNS.get(str(cfg.actor.gae_lambda))
+    kwargs = cfg.actor.gae_lambda_kwargs
+    try:  # the trainer calls fn(context, **gae_lambda_kwargs)
+        inspect.signature(fn).bind(None, **kwargs)
+    except TypeError as exc:
+        raise ValueError(f"does not take (context, **{dict(kwargs)!r}): {exc}") from exc
+    except ValueError:
+        pass  # no signature to read (a builtin): the trainer's call will tell
+
+
+def _check_surrogate(cfg: FlywheelConfig) -> None:
+    from services.trainer.algorithms.surrogates import SURROGATES
+
+    SURROGATES.get(cfg.actor.surrogate)
+
+
+# key -> (does the config name something to import there?, the check that imports it)
+_DOTTED_CHECKS: dict[
+    str, tuple[Callable[[FlywheelConfig], Any], Callable[[FlywheelConfig], None]]
+] = {
+    "reward.fn": (lambda c: True, _check_reward),
+    "rollout.workflow": (lambda c: True, _check_workflow),
+    "buffer.filter": (lambda c: c.buffer.filter, _check_buffer_filter),
+    "actor.should_accept_fn": (lambda c: c.actor.should_accept_fn, _check_should_accept),
+    "actor.gae_lambda": (lambda c: isinstance(c.actor.gae_lambda, str), _check_gae_lambda),
+    "actor.surrogate": (
+        lambda c: c.actor.surrogate not in ("clip", "sapo", "cispo"),
+        _check_surrogate,
+    ),
+}
+
+
+def dotted_path_problems(cfg: FlywheelConfig) -> list[str]:
+    """Import what each key of `_DOTTED_CHECKS` names, as the service that uses it would
+    (`services.api.load_dotted` and the key's registry); one line per key that fails,
+    starting with the key and its value."""
+    problems = []
+    for key, (named, check) in _DOTTED_CHECKS.items():
+        if not named(cfg):
+            continue
+        try:
+            check(cfg)
+        except (ValueError, TypeError) as exc:
+            block, _, field = key.partition(".")
+            value = getattr(getattr(cfg, block), field)
+            text = str(exc)
+            for prefix in (f"{key}: ", f"{key}={value!r}: ", f"{key}={value!r} "):
+                text = text.removeprefix(prefix)
+            problems.append(f"{key} = {value!r}: {text}")
+    return problems
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -131,6 +221,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     for warning in report.warnings:
         print(f"flywheel {args.command}: warning: {warning}", file=sys.stderr)
     if args.dry_run:
+        problems = dotted_path_problems(config)
+        if problems:
+            lines = "".join(f"\n  {p}" for p in problems)
+            print(
+                f"flywheel {args.command}: cannot import what the config names:{lines}",
+                file=sys.stderr,
+            )
+            return EXIT_BAD_CONFIG
         # The translation table and data set notes as YAML comments: stdout stays YAML.
         sys.stdout.write("".join(f"# {line}\n" for line in report.lines()))
         sys.stdout.write(to_yaml(config))

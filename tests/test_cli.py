@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import types
@@ -156,3 +157,79 @@ def test_status_reports_a_completed_run_as_completed(tmp_path: Path) -> None:
     (run_dir / "services.json").unlink()
     code, run = _status(run_dir)
     assert (code, run["state"]) == (0, "completed")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "words"),
+    [
+        (["reward.fn=no_such_pkg.rewards:fn"], "reward.fn", "cannot import module 'no_such_pkg"),
+        (["reward.fn=gsm8kk"], "reward.fn", "not a registered reward function"),
+        (
+            ["+reward.functions={mine: examples.extending.reward:nope}"],
+            "reward.fn",
+            "has no attribute 'nope'",
+        ),
+        (
+            ["rollout.workflow=examples.extending.workflow.LengthPenalty"],
+            "rollout.workflow",
+            "has no attribute 'LengthPenalty'",
+        ),
+        (
+            ["rollout.workflow=examples.extending.reward.last_number_reward"],
+            "rollout.workflow",
+            "arun_episode",
+        ),
+        (["buffer.filter=examples.extending.group_filter:nope"], "buffer.filter", "'nope'"),
+        (["actor.should_accept_fn=dapo"], "actor.should_accept_fn", "dapo_equal_rewards"),
+        (
+            ["actor.gae_lambda=examples.extending.gae_lambda:by_lenght"],
+            "actor.gae_lambda",
+            "has no attribute 'by_lenght'",
+        ),
+        (
+            [
+                "actor.gae_lambda=examples.extending.gae_lambda:by_length",
+                "actor.gae_lambda_kwargs={treshold: 2}",
+            ],
+            "actor.gae_lambda",
+            "treshold",
+        ),
+        (
+            ["actor.surrogate=examples.extending.surrogates:unclipped"],
+            "actor.surrogate",
+            "cannot import module 'examples.extending.surrogates'",
+        ),
+        (
+            ["actor.surrogate=examples.extending.reward:last_number_reward"],
+            "actor.surrogate",
+            "does not fit the signature",
+        ),
+    ],
+)
+def test_dry_run_imports_each_dotted_path_and_names_the_key(
+    overrides: list[str], key: str, words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = cli.main(["run", "--config", "examples/grpo.yaml", "--dry-run", *overrides])
+    out = capsys.readouterr()
+    assert code == cli.EXIT_BAD_CONFIG and out.out == ""
+    line = next(x for x in out.err.splitlines() if x.strip().startswith(f"{key} = "))
+    assert words in line, out.err
+
+
+def test_dry_run_of_a_plain_config_imports_no_torch() -> None:
+    code = (
+        "import sys; from services import cli; "
+        "rc = cli.main(['run', '--config', 'examples/grpo.yaml', '--dry-run']); "
+        "assert rc == 0, rc; assert 'torch' not in sys.modules, 'torch was imported'"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+
+
+def test_help_lists_every_subcommand() -> None:
+    out = flywheel("--help")
+    assert out.returncode == 0
+    for name in ("run", "eval", "status", "doctor", "sft"):
+        assert re.search(rf"^\s+{name}\s", out.stdout, flags=re.M), (name, out.stdout)

@@ -147,10 +147,7 @@ def resolve_workflow_class(name: str) -> type:
             f"rollout.workflow={name!r} is unknown; use one of {sorted(BUILTIN_WORKFLOWS)} "
             "or a dotted path"
         )
-    try:
-        cls = load_dotted(path, "rollout.workflow", require_callable=True)
-    except ValueError as exc:
-        raise ValueError(f"rollout.workflow={name!r} cannot be imported: {exc}") from exc
+    cls = load_dotted(path, f"rollout.workflow={name!r} cannot be imported", require_callable=True)
     if not callable(getattr(cls, "arun_episode", None)):
         raise ValueError(f"rollout.workflow={name!r} has no async arun_episode(engine, data)")
     return cls  # type: ignore[no-any-return]
