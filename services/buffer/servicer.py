@@ -170,7 +170,8 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         self._arrivals = asyncio.Condition()
         self._max_put_seen = 0
         self._version_seen = 0  # a lower bound of the current version (it only grows)
-        self.lost_puts_detected = 0
+        self.lost_puts_detected = 0  # by this process; Stats reports the total kept in Redis
+        self._lost_unsaved = 0  # detected, not yet added to Redis's count (it failed again)
         self._snapshot_lock = asyncio.Lock()
         # A replay buffer takes no puts: nothing would ever be found in a cache.
         self.cache = PayloadCache(0 if settings.replay else settings.read_cache_bytes)
@@ -199,11 +200,16 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         in the order Redis took them and a counter never seems to go back when it did not."""
         async with self._snapshot_lock:
             snap = await self.store.stats()
-            self.observe_stats(snap)
+            self._lost_unsaved += self.observe_stats(snap)
+            if self._lost_unsaved:  # counted in Redis: the total survives a buffer restart
+                snap.extra["lost_puts"] = await self.store.count_lost_puts(self._lost_unsaved)
+                self._lost_unsaved = 0
             return snap
 
-    def observe_stats(self, snap: StatsSnapshot) -> None:
-        """Feed metrics and notice a Redis that lost acknowledged puts (counter went back)."""
+    def observe_stats(self, snap: StatsSnapshot) -> int:
+        """Feed metrics and notice a Redis that lost acknowledged puts (counter went back);
+        returns how many it lost since the last snapshot."""
+        lost = 0
         if snap.put < self._max_put_seen:
             lost = self._max_put_seen - snap.put
             self.metrics.lost_puts.inc(lost)
@@ -214,6 +220,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
             )
         self._max_put_seen = snap.put
         self.metrics.snapshot.update(snap)
+        return lost
 
     async def _count_invalid(self, request: buffer_pb2.PutRequest) -> None:
         await self.store.put_invalid(
@@ -582,7 +589,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         s = await self.snapshot()
         msg = stats_to_proto(s)
         msg.replay = self.settings.replay
-        msg.lost_puts_detected = self.lost_puts_detected
+        msg.lost_puts_detected = s.extra.get("lost_puts", 0)  # over every life of the buffer
         return msg
 
     # -- inspection ----------------------------------------------------------------------

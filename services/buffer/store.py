@@ -444,6 +444,12 @@ class RedisStore:
         return int(raw) if raw is not None else 0
 
     # -- stats -------------------------------------------------------------------------
+    async def count_lost_puts(self, lost: int) -> int:
+        """Add to the count of acknowledged puts Redis lost (`lost_puts` in `P:ctr`, read by
+        `stats` as `extra["lost_puts"]`); kept in Redis so that the count survives a
+        restart of the buffer. Returns the total."""
+        return int(await self.redis.hincrby(f"{self.prefix}:ctr", "lost_puts", lost))
+
     async def stats(self) -> StatsSnapshot:
         r = await self._run("stats", *self._capacity_args())
         ctr = {_s(r[i]): int(r[i + 1]) for i in range(7, len(r), 2)}

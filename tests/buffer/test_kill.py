@@ -207,3 +207,18 @@ async def test_redis_restarted_from_an_older_aof_is_detected(make_buffer, redis_
     assert (s.put_total, s.pending, s.invariant_ok) == (5, 5, True)
     assert s.lost_puts_detected == 3
     assert service.metrics.lost_puts._value.get() == 3
+    # A buffer started afresh on the same Redis (a restart: nothing in memory) reports the
+    # same total, and a second loss adds to it: the count is kept in Redis.
+    await service.stop(grace=0.5)
+    restarted, again = await make_buffer(buffer={"health_check_interval_s": 0.05})
+    assert restarted.servicer.lost_puts_detected == 0
+    assert (await again.stats()).lost_puts_detected == 3
+    shutil.copy(aof, backup)
+    await again.put(make_group("c0"))
+    assert (await again.stats()).put_total == 6
+    redis_server.kill()
+    shutil.copy(backup, aof)
+    redis_server.start()
+    again.retries = 20
+    s = await again.stats()
+    assert (s.put_total, s.invariant_ok, s.lost_puts_detected) == (5, True, 4)
