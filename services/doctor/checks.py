@@ -570,6 +570,64 @@ def weight_sync(ev: Evidence) -> Check:
     return Check(name, "pass", summary, "every replica applied every update", nums)
 
 
+def weight_parity(ev: Evidence) -> Check:
+    """The parity probe after each weight update (services/trainer/parity.py): the largest
+    |log p| difference between a replica and the trainer on the same tokens. Fails while a
+    replica's latest probe fails (it is paused), warns when one failed and has recovered."""
+    name = "weight_parity"
+    gauge = "flywheel_trainer_weight_parity_max_abs_logprob_diff"
+    live = {s.labels.get("replica", ""): s.value for s in ev.samples("trainer") if s.name == gauge}
+    if not ev.parity and not live:
+        return Check(name, "n/a", "no parity probe results (weight_parity.jsonl)", "")
+    latest: dict[str, dict[str, Any]] = {}
+    for r in ev.parity:
+        latest[str(r.get("replica"))] = r
+    diffs = [
+        float(r["max_abs_logprob_diff"])
+        for r in ev.parity
+        if r.get("max_abs_logprob_diff") is not None
+    ]
+    diffs += list(live.values())
+    tol = next((float(r["tolerance"]) for r in reversed(ev.parity) if "tolerance" in r), None)
+    failed = [r for r in ev.parity if not r.get("ok")]
+    failing = sorted(a for a, r in latest.items() if not r.get("ok"))
+    nums: dict[str, Any] = {
+        "max_abs_logprob_diff": _r(max(diffs), 8) if diffs else None,
+        "tolerance": tol,
+        "probes": len(ev.parity),
+        "failed_probes": len(failed),
+        "failed_versions": sorted({int(r.get("version", -1)) for r in failed}),
+        "replicas_failing": failing,
+    }
+    top = f"{max(diffs):.3g}" if diffs else "none"
+    summary = (
+        f"max |logp diff| {top} (tolerance {tol:g}) over {len(ev.parity)} probes"
+        if tol is not None
+        else f"max |logp diff| {top} (live)"
+    )
+    if failing:
+        reasons = "; ".join(f"{a}: {latest[a].get('reason')}" for a in failing)
+        return Check(
+            name,
+            "fail",
+            f"{summary}; failing now: {reasons}",
+            "the replica computes with other weights than the trainer published (name "
+            "mapping, shard, dtype, architecture); it is paused: compare its model and "
+            "engine version with the trainer's and restart it",
+            nums,
+        )
+    if failed:
+        return Check(
+            name,
+            "warn",
+            f"{summary}; {len(failed)} failed (versions {nums['failed_versions']}), "
+            "every replica passed since",
+            "a replica computed differently for a while; see weight_parity.jsonl's reasons",
+            nums,
+        )
+    return Check(name, "pass", summary, "every replica computes what the trainer does", nums)
+
+
 def reward_trend(ev: Evidence) -> Check:
     """Rising if the held-out accuracy (first vs last evaluation, binomial errors) or the
     training reward (first vs last third of the steps) rose by more than `TREND_Z` standard
@@ -658,6 +716,7 @@ CHECKS: tuple[Callable[[Evidence], Check], ...] = (
     starvation,
     restarts,
     weight_sync,
+    weight_parity,
     reward_trend,
 )
 

@@ -12,6 +12,7 @@ Files read (each may be missing; a check without its input says so rather than g
 | `starvation.json` | launcher, while the trainer waits too long | the stage that holds the run |
 | `evals.jsonl` | launcher | held-out accuracy before, during and after training |
 | `services.json` | launcher | the /metrics addresses of a live run |
+| `weight_parity.jsonl` | trainer, one line per replica and update | the weight-sync parity probe |
 
 A run is live when it has no `summary.json` yet and its services answer on the addresses in
 `services.json`; only then are they scraped (the ports of a finished run may belong to
@@ -31,6 +32,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from services.common.config import ConfigError, FlywheelConfig, load_config
 from services.launcher.metrics_log import MetricsTail
+
+PARITY_FILE = "weight_parity.jsonl"
+"""services/trainer/parity.py's `PARITY_FILE`, named here so the doctor needs no torch."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,8 @@ class Evidence:
     restarts: list[dict[str, Any]] = field(default_factory=list)
     starvation: dict[str, Any] | None = None
     evals: list[dict[str, Any]] = field(default_factory=list)
+    parity: list[dict[str, Any]] = field(default_factory=list)
+    """The parity probe's results (services/trainer/parity.py), oldest first."""
     live: bool = False
     scraped: dict[str, list[Sample]] = field(default_factory=dict)
     """Per service (`buffer`, `reward`, `trainer`, `rollout-0`, ...), what it exported."""
@@ -165,6 +171,7 @@ def gather(run_dir: Path, *, scrape_timeout: float = 3.0) -> Evidence:
         restarts=_jsonl(run_dir / "restarts.jsonl"),
         starvation=_json(run_dir / "starvation.json"),
         evals=_jsonl(run_dir / "evals.jsonl"),
+        parity=_jsonl(run_dir / PARITY_FILE),
         notes=notes,
     )
     addresses = _json(run_dir / "services.json")

@@ -93,6 +93,23 @@ def record(step: int, rng: random.Random, **over: Any) -> dict[str, Any]:
     return rec
 
 
+def parity_line(version: int, **over: Any) -> dict[str, Any]:
+    """One line of weight_parity.jsonl as services/trainer/parity.py writes it: a healthy
+    float32 replica (the demo's measured differences are about 1e-5)."""
+    line: dict[str, Any] = {
+        "replica": "127.0.0.1:50100",
+        "version": version,
+        "max_abs_logprob_diff": 1.5e-5,
+        "tolerance": 1e-3,
+        "ok": True,
+        "reason": "",
+        "tokens": 24,
+        "time": 1.0e9 + version,
+    }
+    line.update(over)
+    return line
+
+
 def make_run(
     tmp_path: Path,
     *,
@@ -103,6 +120,7 @@ def make_run(
     evals: list[dict[str, Any]] | None = None,
     starvation: dict[str, Any] | None = None,
     restarts: list[dict[str, Any]] | None = None,
+    parity: Callable[[int], dict[str, Any]] | None = lambda i: {},
     seed: int = 0,
 ) -> Path:
     """A run directory; `summary=True` writes a finished run's summary with a clean ledger."""
@@ -134,6 +152,9 @@ def make_run(
         (run / "evals.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
     if starvation is not None:
         (run / "starvation.json").write_text(json.dumps(starvation))
+    if parity is not None:  # the trainer's probe of one replica after each update
+        lines = [parity_line(i, **parity(i)) for i in range(1, steps + 1)]
+        (run / "weight_parity.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     if restarts:
         (run / "restarts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in restarts))
     return run

@@ -36,6 +36,7 @@ def test_a_healthy_run_passes_every_check_with_its_numbers(tmp_path: Path):
         "starvation": "pass",
         "restarts": "pass",
         "weight_sync": "pass",
+        "weight_parity": "pass",
         "reward_trend": "pass",
     }
     assert checks.verdict(list(result.values())) == "pass"
@@ -276,3 +277,29 @@ def test_a_starting_model_that_scores_zero_warns_even_on_a_short_run(tmp_path: P
     c = by_name(run)["reward_trend"]
     assert c.status == "warn" and c.numbers["eval_first"] == 0.0
     assert "starting model scores 0.000" in c.advice
+
+
+CORRUPTED = {
+    "max_abs_logprob_diff": 0.221,  # tests/trainer/test_parity.py: one sign-flipped tensor
+    "ok": False,
+    "reason": "max |logp diff| 0.221 > tolerance 0.001",
+}
+
+
+def test_a_corrupted_weight_update_fails_weight_parity_while_the_replica_is_off(tmp_path: Path):
+    run = make_run(tmp_path, parity=lambda i: CORRUPTED if i >= 28 else {})
+    check = by_name(run)["weight_parity"]
+    assert check.status == "fail"
+    assert check.numbers["max_abs_logprob_diff"] == 0.221
+    assert check.numbers["failed_versions"] == [28, 29, 30]
+    assert check.numbers["replicas_failing"] == ["127.0.0.1:50100"]
+    assert "tolerance 0.001" in check.summary and "paused" in check.advice
+
+
+def test_a_replica_that_recovered_warns_and_a_run_without_probes_is_not_judged(tmp_path: Path):
+    recovered = by_name(make_run(tmp_path / "a", parity=lambda i: CORRUPTED if i == 5 else {}))
+    check = recovered["weight_parity"]
+    assert check.status == "warn" and check.numbers["failed_versions"] == [5]
+    assert check.numbers["replicas_failing"] == []
+    unprobed = by_name(make_run(tmp_path / "b", parity=None))["weight_parity"]
+    assert unprobed.status == "n/a"
