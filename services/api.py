@@ -268,9 +268,12 @@ def rewards_filter(fn: Callable[..., bool], **kwargs: Any) -> GroupFilter:
 
 
 def is_rewards_filter(fn: Callable[..., Any]) -> bool:
-    """Whether a loaded function has the older form: its first parameter is `rewards`."""
+    """Whether a loaded function has the older form: its first parameter is `rewards`
+    (one `rewards_filter` already adapted is a group filter)."""
+    if hasattr(fn, "__flywheel_rewards_filter__"):
+        return False
     try:
-        params = list(inspect.signature(fn).parameters)
+        params = list(inspect.signature(fn, follow_wrapped=False).parameters)
     except (TypeError, ValueError):
         return False
     return bool(params) and params[0] == "rewards"

@@ -14,7 +14,13 @@ import pytest
 import torch
 
 from services import cli
-from services.api import ScoreRequest, ScoreResult, TrajectoryGroup, WorkflowContext
+from services.api import (
+    ScoreRequest,
+    ScoreResult,
+    TrajectoryGroup,
+    WorkflowContext,
+    load_dotted,
+)
 from services.buffer.filters import resolve_filter
 from services.common.codec import Trajectory
 from services.common.config import PPOActorConfig
@@ -131,6 +137,8 @@ def test_group_filter_examples_in_the_buffer_and_the_trainer() -> None:
     # the same filter in the other place: one signature
     buffer_wide = resolve_filter(f"{PKG}.group_filter:wide_spread")
     assert buffer_wide is not None and buffer_wide(group(0.2, 0.4)) is False
+    # already a group filter: used as it is, not adapted a second time
+    assert buffer_wide is load_dotted(f"{PKG}.group_filter:wide_spread")
 
 
 def test_a_filter_of_the_older_form_is_adapted() -> None:
