@@ -77,7 +77,8 @@ def test_sft_teaches_the_answers_and_exports_the_model(
 
 @pytest.mark.skipif(
     not AREAL_SRC or not (Path(AREAL_SRC) / "examples/math/gsm8k_sft.yaml").is_file(),
-    reason="set AREAL_SRC to an AReaL 2.0 checkout to load its gsm8k_sft.yaml",
+    reason="AReaL's gsm8k_sft.yaml is in no registry package and is not copied here (see "
+    "tests/common/config/test_areal_compat.py): set AREAL_SRC to an AReaL checkout",
 )
 def test_areals_gsm8k_sft_yaml_loads(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -2,7 +2,11 @@
 
 Two kinds of input:
 - AReaL's own `examples/math/gsm8k_*.yaml`, read from an AReaL checkout named by the
-  `AREAL_SRC` environment variable (skipped without one; nothing of AReaL is copied here);
+  `AREAL_SRC` environment variable (checked against the tags v1.0.4 and v2.0.0). Nothing of
+  AReaL is copied here, and no package registry ships these files: the `areal` sdist and
+  wheel (1.0.4, the only release on PyPI) hold the `areal/` package only, and `realhf`
+  0.3.0 (AReaL's older name) has no `examples/math/*.yaml`; without `AREAL_SRC` the test
+  is skipped, saying so;
 - AReaL-style files written for these tests (GRPO, PPO, Dr.GRPO, GSPO, DAPO), whose
   resolved algorithm settings are compared with what AReaL would use: the value the file
   sets, else the default of AReaL's `areal/api/cli_args.py` (AReaL 2.0, cbff54d; each
@@ -21,11 +25,22 @@ import yaml
 from services import cli
 from services.common.config import ConfigError
 from services.common.config.areal_compat import areal_markers, parse_allocation
-from services.common.config.loader import load_with_report
+from services.common.config.loader import load_with_report, resolve_interpolations
 
 AREAL_SRC = os.environ.get("AREAL_SRC", "")
 _EXAMPLES = Path(AREAL_SRC) / "examples" / "math" if AREAL_SRC else None
 _AREAL_FILES = sorted(_EXAMPLES.glob("gsm8k_*.yaml")) if _EXAMPLES and _EXAMPLES.is_dir() else []
+NO_AREAL_SRC = (
+    "AReaL's examples/math/*.yaml are in no registry package (areal 1.0.4 sdist and wheel, "
+    "realhf 0.3.0) and are not copied here: set AREAL_SRC to an AReaL checkout to load them"
+)
+
+# Keys AReaL's own loader refuses under `actor` or `teacher` before it reads anything else
+# (areal/api/cli_args.py: `_LEGACY_REJECTION_SAMPLING_KEYS`, checked by
+# `_migrate_legacy_rejection_sampling` in `to_structured_cfg`; v1.0.4 and v2.0.0). A file
+# that carries one is not a file AReaL accepts: Flywheel must refuse it too, with the
+# migration to `rejection_sampling`.
+_AREAL_REFUSED = ("behave_imp_weight_cap", "behave_imp_weight_mode")
 
 
 def _dry_run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -46,20 +61,42 @@ def _has_key(tree: Any, dotted: str) -> bool:
 # --------------------------------------------------------------------------- AReaL's files
 
 
-@pytest.mark.skipif(
-    not _AREAL_FILES,
-    reason="set AREAL_SRC to an AReaL 2.0 checkout to load its examples/math/gsm8k_*.yaml",
-)
+def _areal_refuses(raw: dict[str, Any]) -> list[str]:
+    """The keys of `raw` that AReaL's loader refuses (see `_AREAL_REFUSED`)."""
+    return [
+        f"{section}.{key}"
+        for section in ("actor", "teacher")
+        if isinstance(raw.get(section), dict)
+        for key in _AREAL_REFUSED
+        if key in raw[section]
+    ]
+
+
+@pytest.mark.skipif(not _AREAL_FILES, reason=NO_AREAL_SRC)
 @pytest.mark.parametrize("path", _AREAL_FILES, ids=lambda p: p.name)
 def test_areals_own_gsm8k_examples_load_with_dry_run(
     path: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("FLYWHEEL_DATASETS_DIR", str(tmp_path))  # no local GSM8K copy
+    raw = yaml.safe_load(path.read_text())
     code, out, err = _dry_run(capsys, "--config", str(path))
+    refused = _areal_refuses(raw)
+    if refused:
+        # AReaL stops on these (gsm8k_grpo_megatron_lora*.yaml): so does the dry-run, with
+        # the migration instead of a translation.
+        assert code == 2, out
+        assert any(f"{key} = " in err for key in refused), err
+        assert "rejection_sampling" in err
+        return
+    if (resolve_interpolations(raw).get("actor") or {}).get("use_lora") is True:
+        # AReaL trains LoRA adapters (gsm8k_grpo_lora.yaml); Flywheel's trainer updates the
+        # full weights only, and says so at load rather than train another model.
+        assert code == 2, out
+        assert "actor.use_lora = True: LoRA training is not implemented" in err
+        return
     assert code == 0, err
     resolved = yaml.safe_load(out)  # the table is YAML comments: stdout stays YAML
-    assert resolved["experiment_name"] == yaml.safe_load(path.read_text())["experiment_name"]
-    raw = yaml.safe_load(path.read_text())
+    assert resolved["experiment_name"] == raw["experiment_name"]
     warnings = [line for line in err.splitlines() if ": warning: " in line]
     assert warnings, "ignored AReaL keys are reported"
     for line in warnings:
@@ -366,3 +403,18 @@ def test_areal_keys_in_a_flywheel_file_are_named_not_misdirected(
         load_with_report(path, source="flywheel")
     assert err.value.paths == [key]
     assert "did you mean" not in str(err.value) and "AReaL" in str(err.value)
+
+
+def test_a_key_areal_refuses_is_refused_with_its_migration(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Runs without AReaL's files: the shape of gsm8k_grpo_megatron_lora.yaml's actor block,
+    # written here (AReaL's loader raises on it, see `_AREAL_REFUSED`).
+    tree = _variant({"behave_imp_weight_cap": 5.0})
+    assert _areal_refuses(tree) == ["actor.behave_imp_weight_cap"]
+    path = tmp_path / "legacy.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    code, out, err = _dry_run(capsys, "--config", str(path))
+    assert code == 2, out
+    assert "actor.behave_imp_weight_cap = 5.0" in err
+    assert "rejection_sampling" in err
