@@ -70,6 +70,32 @@ ROUTES = (
 )
 
 
+# The requirements of the wheel that the GPU image must match (deploy/docker/Dockerfile.gpu
+# runs Flywheel's trainer on SGLang's torch: one NCCL build for both sides of a group).
+PINNED_REQUIRES = ("torch", "transformers")
+
+
+def _requires(metadata: str) -> dict[str, Any]:
+    """The wheel's own pins of `PINNED_REQUIRES` and the CUDA extras (`[cu13]`, ...) of its
+    unconditional `Requires-Dist` lines, from its METADATA."""
+    pins: dict[str, str] = {}
+    cuda: set[str] = set()
+    for line in metadata.splitlines():
+        if not line.startswith("Requires-Dist:"):
+            continue
+        req = line.split(":", 1)[1].strip()
+        if "extra ==" in req:  # part of an optional extra, not what `pip install sglang` gets
+            continue
+        m = re.match(r"([A-Za-z0-9_.-]+)\s*(\[[^\]]*\])?\s*([^;]*)", req)
+        if m is None:
+            continue
+        name = m.group(1).lower().replace("_", "-")
+        if name in PINNED_REQUIRES:
+            pins[name] = m.group(3).strip()
+        cuda.update(re.findall(r"\bcu\d+\b", m.group(2) or ""))
+    return {"pins": {k: pins[k] for k in PINNED_REQUIRES if k in pins}, "cuda_extras": sorted(cuda)}
+
+
 class Source:
     """Files of an unpacked wheel or of a `.whl`."""
 
@@ -89,6 +115,9 @@ class Source:
             if m:
                 return m.group(1)
         raise SystemExit(f"no sglang-*.dist-info in {self.src}: pass the unpacked wheel")
+
+    def metadata(self) -> str:
+        return self.read(f"sglang-{self.version()}.dist-info/METADATA")
 
 
 def _classes(tree: ast.Module) -> dict[str, ast.ClassDef]:
@@ -187,6 +216,7 @@ def extract(src: Path) -> dict[str, Any]:
     return {
         "generated_by": "tools/sglang_schema.py -- do not edit; rerun it with --write",
         "sglang_version": source.version(),
+        "requires": _requires(source.metadata()),
         "classes": classes,
         "routes": {r: routes[r] for r in ROUTES},
     }

@@ -174,7 +174,7 @@ def test_sglang_needs_an_api_key_and_the_rollout_has_it(compose_binary, tmp_path
     assert SECRETS["SGLANG_API_KEY"] not in json.dumps(sglang["entrypoint"] + sglang["command"])
     shell, flag, script, name = sglang["entrypoint"]
     script = script.replace("$$", "$").replace(
-        "/opt/sglang/bin/python -m sglang.launch_server", "printf '%s\\n'"
+        "/opt/venv/bin/python -m sglang.launch_server", "printf '%s\\n'"
     )
     base = {"PATH": os.environ["PATH"]}
     run = [shell, flag, script, name, *sglang["command"]]

@@ -92,7 +92,7 @@ def test_multi_stage_non_root_and_one_entrypoint_per_service(dockerfile, targets
             assert entrypoint == f'["/usr/local/bin/flywheel-entrypoint", "{target}"]'
     if dockerfile == "Dockerfile.gpu":
         sglang = last(chain(stages, "sglang"), "ENTRYPOINT")
-        assert sglang == '["/opt/sglang/bin/python", "-m", "sglang.launch_server"]'
+        assert sglang == '["/opt/venv/bin/python", "-m", "sglang.launch_server"]'
 
 
 @pytest.mark.parametrize("service", SERVICES)

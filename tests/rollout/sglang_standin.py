@@ -29,6 +29,8 @@ in two ways:
     `tp_size` N needs ranks `rank_offset + tp_rank` for tp_rank < N inside `world_size`
     (`model_executor/model_runner_components/weight_updater.py`); failures are HTTP 400
     with `{"success": false, "message"}`;
+  - with `api_key` (SGLang's `--api-key`), every path but `/health*`, `/ready*` and
+    `/metrics*` answers 401 without `Authorization: Bearer <key>` (`srt/utils/auth.py`);
   - `/update_weights_from_disk` is given a path the server opens in its own container: a
     folder (or a file it links to) outside `mounts` is not there for it, and the update
     fails as SGLang's loader does for a path that is no local directory;
@@ -133,6 +135,21 @@ def build_app(standin: SGLangStandIn) -> FastAPI:
         await eng.stop()
 
     app = FastAPI(lifespan=lifespan)
+
+    if standin.api_key is not None:
+        key = standin.api_key
+
+        @app.middleware("http")
+        async def api_key(request: Request, call_next: Any) -> Any:
+            # SGLang's `--api-key` check (`srt/utils/auth.py`): every path wants the bearer
+            # key but /health*, /ready* and /metrics* (so /ping wants it too).
+            path = request.url.path
+            if path.startswith(("/health", "/ready", "/metrics")):
+                return await call_next(request)
+            if request.headers.get("authorization") != f"Bearer {key}":
+                standin.refused.append(path)
+                return JSONResponse({"error": "Unauthorized"}, status_code=401)
+            return await call_next(request)
 
     async def record(path: str, req: Request) -> tuple[Any, JSONResponse | None]:
         raw = await req.body()
@@ -385,8 +402,13 @@ class SGLangStandIn:
         context_len: int | None = None,
         join_groups: bool = True,
         mounts: list[Path] | None = None,
+        api_key: str | None = None,
     ) -> None:
         self.model_dir = Path(model_dir)
+        self.api_key = api_key
+        """Started as with `--api-key`: calls without the bearer key are answered 401."""
+        self.refused: list[str] = []
+        """Paths of the calls refused for a missing or wrong key."""
         self.mounts = None if mounts is None else [Path(m).resolve() for m in mounts]
         """The folders the server's container mounts (None: all of this machine). A weights
         path, or a file it links to, outside them does not exist for the server: SGLang
