@@ -34,7 +34,9 @@ Proximal policy
     `compute_prox_logp(method, ...) -> ProxResult` (every method of `PROX_LOGP_METHODS`),
     `needs_recompute(method)`.
 Filters (torch-free)
-    `services.trainer.algorithms.filters`: `FILTERS`, `resolve_should_accept`.
+    `services.trainer.algorithms.filters`: `FILTERS`, `resolve_group_filter` (both config
+    keys: `buffer.filter`, `actor.should_accept_fn`; one signature, `services.api.GroupFilter`),
+    `resolve_should_accept`.
 Config adapters
     `advantages_from_config`, `actor_loss_from_config`, `critic_loss_from_config`,
     `prox_from_config`, `should_accept_from_config`, and the `*_kwargs` helpers.
@@ -97,6 +99,7 @@ _EXPORTS: dict[str, str] = {
     "PROX_LOGP_METHODS": "prox",
     # filters
     "FILTERS": "filters",
+    "resolve_group_filter": "filters",
     "resolve_should_accept": "filters",
     "filter_groups": "filters",
     # config adapters
@@ -174,6 +177,7 @@ __all__ = [
     "ppo_actor_loss",
     "prox_from_config",
     "resolve_gae_lambda",
+    "resolve_group_filter",
     "resolve_should_accept",
     "shape_rewards",
     "should_accept_from_config",
@@ -209,7 +213,7 @@ if TYPE_CHECKING:  # pragma: no cover - static analysers see the real names
         prox_from_config,
         should_accept_from_config,
     )
-    from .filters import FILTERS, filter_groups, resolve_should_accept
+    from .filters import FILTERS, filter_groups, resolve_group_filter, resolve_should_accept
     from .gae import gae_token_level, gae_turn_level
     from .gae_lambda import GAE_LAMBDA_FNS, gae_lambda_context, resolve_gae_lambda
     from .kl import KL_ESTIMATORS, binary_kl_symmetric
