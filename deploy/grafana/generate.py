@@ -181,6 +181,16 @@ def rl_health() -> db.Dashboard:
                 [(f'{t}_stat{{name=~"prox_approx/.+/logp_abs_error"}}', "{{name}}")],
             )
         )
+        .with_panel(
+            ts(
+                "Weight-sync parity",
+                "Largest |log p| difference between each replica and the trainer on the parity probe after the last weight update, and the tolerance. Above the tolerance: the replica computes with other weights; the trainer paused it.",
+                [
+                    (f"{t}_weight_parity_max_abs_logprob_diff", "{{replica}}"),
+                    (f"{t}_weight_parity_tolerance", "tolerance"),
+                ],
+            )
+        )
         .with_row(db.Row("Samples"))
         .with_panel(
             ts(

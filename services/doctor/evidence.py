@@ -108,7 +108,9 @@ def _json(path: Path) -> Any:
         return None
 
 
-def _jsonl(path: Path) -> list[dict[str, Any]]:
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of a JSON-lines file the run is still writing: none when it is absent, a
+    line cut short (by a crash, or mid-write) left out."""
     if not path.is_file():
         return []
     out = []
@@ -168,10 +170,10 @@ def gather(run_dir: Path, *, scrape_timeout: float = 3.0) -> Evidence:
         config=config,
         records=tail.records,
         summary=summary if isinstance(summary, dict) else None,
-        restarts=_jsonl(run_dir / "restarts.jsonl"),
+        restarts=read_jsonl(run_dir / "restarts.jsonl"),
         starvation=_json(run_dir / "starvation.json"),
-        evals=_jsonl(run_dir / "evals.jsonl"),
-        parity=_jsonl(run_dir / PARITY_FILE),
+        evals=read_jsonl(run_dir / "evals.jsonl"),
+        parity=read_jsonl(run_dir / PARITY_FILE),
         notes=notes,
     )
     addresses = _json(run_dir / "services.json")

@@ -37,6 +37,7 @@ ranks compute no statistics of their own).
 | `flywheel_trainer_weight_broadcast_seconds{transport}` | time to make every replica serve v+1 | rising: transport bottleneck |
 | `flywheel_trainer_unhealthy_replicas_total` | replica updates that failed and were skipped | any: a rollout replica is down |
 | `flywheel_trainer_weight_parity_max_abs_logprob_diff{replica}` | largest absolute log-probability difference between the replica and the trainer on the parity probe after the last update (services/trainer/parity.py) | above the tolerance (1e-3 in float32): the replica computes with different weights; it is paused |
+| `flywheel_trainer_weight_parity_tolerance` | the probe's tolerance for the published weight dtype (0: no probe) | — |
 | `flywheel_trainer_prox_forwards_total` | proximal-logprob forward passes | >0 with loglinear: misconfigured |
 | `flywheel_trainer_checkpoints_total` | checkpoints written | — |
 | `flywheel_trainer_peer_unavailable_seconds_total{peer}` | seconds the `buffer` (or Redis behind it) or a replica `rollout-<i>` did not answer | rising: that peer is down; the trainer waits and retries (services/common/outage.py) |
@@ -176,6 +177,11 @@ class TrainerMetrics:
             f"{P}_weight_parity_max_abs_logprob_diff",
             "Largest |log p| difference between a replica and the trainer on the parity probe.",
             ["replica"],
+            registry=r,
+        )
+        self.weight_parity_tolerance = Gauge(
+            f"{P}_weight_parity_tolerance",
+            "The parity probe's tolerance: a replica above it is unhealthy (0: no probe).",
             registry=r,
         )
         self.prox_forwards = Counter(

@@ -46,6 +46,7 @@ from services.common.config import FlywheelConfig
 from services.rollout.client import RolloutClient
 from services.rollout.types import SamplingParams
 from services.trainer.logprobs import token_logprobs
+from services.trainer.metrics import TrainerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +118,7 @@ class ParityProbe:
         prompt_len: int = 12,
         timeout: float = 60.0,
         log_path: Path | None = None,
-        gauge: Any = None,
+        metrics: TrainerMetrics | None = None,
     ) -> None:
         self._reference_factory = reference
         self._logits_fn: LogitsFn | None = None
@@ -128,20 +129,26 @@ class ParityProbe:
         self.new_tokens = new_tokens
         self.timeout = timeout
         self.log_path = log_path
-        self.gauge = gauge
+        self.metrics = metrics
+        if metrics is not None:
+            metrics.weight_parity_tolerance.set(self.tolerance)
         self.excluded: set[str] = set()
         self.last: dict[str, ParityResult] = {}
 
     @classmethod
     def from_config(
-        cls, cfg: FlywheelConfig, *, log_path: Path | None = None, gauge: Any = None
+        cls,
+        cfg: FlywheelConfig,
+        *,
+        log_path: Path | None = None,
+        metrics: TrainerMetrics | None = None,
     ) -> ParityProbe:
         return cls(
             lambda: hf_reference(cfg),
             weight_dtype=cfg.trainer.weight_dtype,
             timeout=min(60.0, cfg.rollout.weight_update_timeout),
             log_path=log_path,
-            gauge=gauge,
+            metrics=metrics,
         )
 
     def _ensure(self) -> LogitsFn:
@@ -222,8 +229,8 @@ class ParityProbe:
         for r in results:
             out[r.replica] = r
             self.last[r.replica] = r
-            if self.gauge is not None and r.max_abs_logprob_diff is not None:
-                self.gauge.labels(replica=r.replica).set(r.max_abs_logprob_diff)
+            if self.metrics is not None and r.max_abs_logprob_diff is not None:
+                self.metrics.weight_parity.labels(replica=r.replica).set(r.max_abs_logprob_diff)
             if r.ok:
                 if r.replica in self.excluded:
                     log.info("replica passed the parity probe; serving again", extra=asdict(r))

@@ -108,7 +108,7 @@ class TrainerService:
                 parity = ParityProbe.from_config(
                     self.cfg,
                     log_path=self.paths.run_dir / PARITY_FILE,
-                    gauge=self.metrics.weight_parity if self.metrics is not None else None,
+                    metrics=self.metrics,
                 )
                 publisher = WeightPublisher(
                     self.cfg, weight_dir=self.paths.weight_dir, peers=peers, parity=parity

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,6 +75,13 @@ def test_issue_alerts_exist_with_runbooks():
         "FlywheelRewardFailureRate",
         "FlywheelNonFiniteGradientSteps",
         "FlywheelServiceDown",
+        # issue 20: the doctor checks a metric can express
+        "FlywheelWeightParityOff",
+        "FlywheelRewardFlat",
+        "FlywheelStaleDropsHigh",
+        "FlywheelGroupsFilteredHigh",
+        "FlywheelWeightUpdatesRefused",
+        "FlywheelServiceRestarted",
     } <= set(by_name)
     for name, rule in by_name.items():
         runbook = rule["annotations"]["runbook"]
@@ -132,3 +140,58 @@ def test_a_trainer_that_has_not_trained_yet_fires_nothing(promtool, tmp_path):
         [promtool, "test", "rules", str(tmp_path / "t.yml")], capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+DOCTOR_ALERTS = {
+    "importance_weight": {"FlywheelImportanceWeightOffOne"},
+    "behave_imp_weight": {"FlywheelBehaveImpWeightOffOne"},
+    "no_eos_ratio": {"FlywheelNoEosRatioHigh"},
+    "staleness": {"FlywheelRolloutVersionBehind"},
+    "dropped_groups": {"FlywheelStaleDropsHigh", "FlywheelGroupsFilteredHigh"},
+    "reward_failures": {"FlywheelRewardFailureRate"},
+    "starvation": {"FlywheelTrainerStarved"},
+    "restarts": {"FlywheelServiceRestarted"},
+    "weight_sync": {"FlywheelWeightUpdatesRefused"},
+    "weight_parity": {"FlywheelWeightParityOff"},
+    "reward_trend": {"FlywheelRewardFlat"},
+}
+"""Each `flywheel doctor` check and the alerts that watch the same thing live."""
+NO_ALERT = {
+    # step-to-step reward noise against the binomial bound of the batch size: a judgement
+    # over a whole run that needs the config, not a threshold on one series
+    "task_reward_variance",
+}
+
+
+def test_every_doctor_check_a_metric_can_express_has_an_alert():
+    from services.doctor import checks
+    from services.doctor.evidence import Evidence
+
+    names = {check(Evidence(ROOT, None, [])).name for check in checks.CHECKS}
+    assert set(DOCTOR_ALERTS) | NO_ALERT == names
+    defined = {a["alert"] for a in alerts()}
+    for check, wanted in DOCTOR_ALERTS.items():
+        assert wanted <= defined, f"doctor check {check}: no alert {wanted - defined}"
+
+
+def test_runbooks_name_only_config_keys_the_loader_accepts():
+    """The behaviour-weight runbook once told users to set actor.behave_imp_weight_cap, a
+    key the loader refuses since AReaL removed it; it names actor.rejection_sampling with a
+    value the loader takes."""
+    import re
+
+    from services.common.config import ConfigError, load_config
+
+    runbook = {a["alert"]: a for a in alerts()}["FlywheelBehaveImpWeightOffOne"]["annotations"][
+        "runbook"
+    ]
+    assert "behave_imp_weight_cap" not in runbook
+    value = re.search(r"actor\.rejection_sampling \(for example (\{[^}]*\})\)", runbook)
+    assert value is not None, runbook
+    cfg = load_config(
+        None, ["actor.use_decoupled_loss=true", f"actor.rejection_sampling={value.group(1)}"]
+    )
+    assert cfg.actor.rejection_sampling is not None
+    assert cfg.actor.rejection_sampling.upper == 5.0
+    with pytest.raises(ConfigError, match="rejection_sampling"):
+        load_config(None, ["+actor.behave_imp_weight_cap=5"])

@@ -20,6 +20,8 @@ import torch
 from services.common.config import FlywheelConfig
 from services.common.redis_server import free_port
 from services.common.weights import make_manifest
+from services.doctor import checks
+from services.doctor.evidence import gather
 from services.rollout.client import RolloutClient
 from services.trainer.io_loop import IOLoop
 from services.trainer.metrics import TrainerMetrics
@@ -78,10 +80,11 @@ def test_probe_passes_a_clean_update_and_catches_a_corrupted_tensor(replica: dic
     probe = ParityProbe(
         lambda: hf_reference(cfg),
         log_path=replica["root"] / "weight_parity.jsonl",
-        gauge=metrics.weight_parity,
+        metrics=metrics,
     )
     tol = DEFAULT_TOLERANCE["float32"]
     assert probe.tolerance == tol
+    assert metrics.registry.get_sample_value("flywheel_trainer_weight_parity_tolerance") == tol
 
     def gauge() -> float:
         value = metrics.registry.get_sample_value(
@@ -130,6 +133,8 @@ def test_probe_passes_a_clean_update_and_catches_a_corrupted_tensor(replica: dic
     assert gauge() == bad.max_abs_logprob_diff > tol
     assert report.updated == [] and report.failed[addr].startswith("parity: ")
     assert unhealthy == {addr} and probe.excluded == {addr} and paused
+    # flywheel doctor reads the probe's lines in the run directory: fail while it is off
+    assert checks.weight_parity(gather(replica["root"])).status == "fail"
 
     # 3. The next clean update passes and the replica generates again.
     applied, report, unhealthy, paused = replica["io"].run(
@@ -140,3 +145,4 @@ def test_probe_passes_a_clean_update_and_catches_a_corrupted_tensor(replica: dic
     assert unhealthy == set() and probe.excluded == set() and not paused
     lines = (replica["root"] / "weight_parity.jsonl").read_text().splitlines()
     assert [line.count('"ok": true') for line in lines] == [1, 0, 1]
+    assert checks.weight_parity(gather(replica["root"])).status == "warn"  # recovered
