@@ -27,7 +27,7 @@ import yaml
 from tests.deploy.conftest import load_module
 from tests.deploy.test_compose import SECRETS, resolved
 from tests.deploy.test_docker import chain, parse_dockerfile
-from tests.deploy.test_helm_chart import containers, one
+from tests.deploy.test_helm_chart import containers, one, trainer_job
 from tests.rollout.sglang_standin import SCHEMA, SGLangStandIn
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -317,8 +317,7 @@ def test_chart_hands_weights_over_on_a_volume_both_containers_mount(chart, pod, 
         assert here is not None and here == there, f"{path}: rollout {here}, sglang {there}"
         assert "persistentVolumeClaim" in pod["volumes"][here[1]]
     # ...and it is the volume the trainer publishes on.
-    trainer = [o for o in chart if o["kind"] == "Job"][0]
-    [tc] = containers(trainer)
+    [tc] = containers(trainer_job(chart))
     tmounts = {m["mountPath"]: m["name"] for m in tc["volumeMounts"]}
     assert _volume_of(tmounts, published) == _volume_of(side, published)
 

@@ -634,6 +634,7 @@ class SGLangEngine(InferenceEngine):
         if (src / "config.json").is_file():
             return str(src), None
         dst = Path(tempfile.mkdtemp(prefix=f"v{version:08d}-", dir=self._handover_root()))
+        dst.chmod(0o755)  # mkdtemp's 0700 would hide it from a server running as another user
         for f in sorted(src.glob("*.safetensors")):
             os.symlink(os.path.relpath(f.resolve(), dst.resolve()), dst / f.name)
         for name in _HF_SIDECAR_FILES:
@@ -677,6 +678,7 @@ class SGLangEngine(InferenceEngine):
         can read them), then loaded from disk."""
         try:
             scratch = Path(tempfile.mkdtemp(prefix="streamed-", dir=self._handover_root()))
+            scratch.chmod(0o755)
         except (WeightsError, OSError) as exc:
             return UpdateResult(False, self.version, f"tensors: {exc}")
         try:
