@@ -41,10 +41,18 @@ server recomputes that KV). A request aborted by anyone else (an operator's
 `/abort_request`, a server-side abort) is not resubmitted: it finishes with `abort` and what
 it had, possibly nothing when it was aborted before prefill.
 
+Weights on disk are handed over by path: SGLang opens the folder in its own container, so
+the rollout writes what it sends (a folder of links to the published safetensors beside the
+model's config, or the safetensors of a gRPC-streamed update) into `scratch_dir`, on a volume
+both mount at the same path (`handover_dir`). The rollout reads the manifest and the
+safetensors headers only, never the tensors (a float32 model of billions of parameters would
+not fit beside SGLang's), so it refuses torn, truncated or mislabelled folders, not data
+corrupted in place; SGLang reads the data.
+
 What this client cannot check: in a distributed update SGLang receives the broadcast
-itself, so the checksum is recorded but not recomputed here (disk and gRPC updates are
-verified before SGLang sees them). SGLang expects one broadcast per tensor: the trainer
-must send with `bucket_bytes=0`. A replica with `tp_size` N takes ranks
+itself, so the checksum is recorded but not recomputed here (gRPC updates are verified
+before they are written; disk updates as above). SGLang expects one broadcast per tensor:
+the trainer must send with `bucket_bytes=0`. A replica with `tp_size` N takes ranks
 `rank_offset .. rank_offset + N - 1` of the group (SGLang ranks each TP worker at
 `rank_offset + tp_rank`).
 """
