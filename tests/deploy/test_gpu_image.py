@@ -257,7 +257,7 @@ def test_probes_do_not_generate_and_pass_while_paused(pod, stack, tiny_model_dir
             [
                 VENV_PYTHON,
                 "-c",
-                "import urllib.request; urllib.request.urlopen('http://127.0.0.1:1/health', timeout=5)",
+                "import urllib.request as u; u.urlopen('http://127.0.0.1:1/health', timeout=5)",
             ],
             standin.port,
         )
