@@ -193,9 +193,17 @@ def convert_gguf(gguf: Path, out_dir: Path) -> None:
     hf_logging.disable_progress_bar()  # one bar per tensor would flood every service's log
     directory, name = str(gguf.parent), gguf.name
     tok = AutoTokenizer.from_pretrained(directory, gguf_file=name)
-    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        directory, gguf_file=name, dtype=torch.float32, **_dense_gguf_kwargs()
+    )
+    # transformers 5 keeps its GGUF quantizer on the (dense) model, and save_pretrained
+    # refuses a model with a quantizer that cannot serialize; the weights are plain float32.
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:
+        quantizer.remove_quantization_config(model)
     fix_special_tokens(tok, model)
     model.save_pretrained(out_dir, safe_serialization=True)
+    _add_legacy_rope_keys(Path(out_dir) / "config.json")
     tok.save_pretrained(out_dir)
     # The saved files are a complete fast tokenizer (tokenizer.json with the corrected
     # post-processor, special tokens, chat template): name the generic class, so that every
@@ -206,6 +214,36 @@ def convert_gguf(gguf: Path, out_dir: Path) -> None:
     for key in ("legacy", "add_bos_token", "add_eos_token", "add_prefix_space"):
         tok_cfg.pop(key, None)
     cfg_path.write_text(json.dumps(tok_cfg, indent=2, ensure_ascii=False))
+
+
+def _add_legacy_rope_keys(config_path: Path) -> None:
+    """Make a config written by transformers 5 read the same under transformers 4.
+
+    The model cache is shared by every process on the machine, whichever transformers wrote
+    it. transformers 5 saves RoPE as `rope_parameters` only; transformers 4 ignores that key
+    and falls back to its default `rope_theta` (10 000 instead of SmolLM2's 100 000), a
+    silently different model. The legacy keys are added beside it (transformers 5 reads
+    `rope_parameters` first); a config that has them already is left as it is."""
+    cfg = json.loads(config_path.read_text())
+    rope = cfg.get("rope_parameters")
+    if not isinstance(rope, dict) or "rope_theta" in cfg or "rope_theta" not in rope:
+        return
+    cfg["rope_theta"] = rope["rope_theta"]
+    if rope.get("rope_type", "default") != "default" and cfg.get("rope_scaling") is None:
+        cfg["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
+    config_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
+def _dense_gguf_kwargs() -> dict[str, Any]:
+    """Loader arguments that unpack every GGUF weight into a dense tensor. transformers 4
+    always does; transformers 5 loads GGUF through a quantizer that keeps weights packed
+    wherever a matmul kernel exists (the `kernels` package, which SGLang installs) unless
+    asked for `GgufConfig(dequantize=True)`, and the trainer needs dense parameters."""
+    try:
+        from transformers import GgufConfig  # type: ignore[attr-defined]  # transformers >= 5
+    except ImportError:
+        return {}
+    return {"quantization_config": GgufConfig(dequantize=True)}
 
 
 def fix_special_tokens(tok: Any, model: Any) -> None:
