@@ -3,7 +3,7 @@
 Field names and defaults are AReaL's (inclusionAI/AReaL `areal/api/cli_args.py`) so that
 an AReaL YAML carries over; the few Flywheel additions are marked "Flywheel:" in their
 docstrings, and the few deliberate default differences are listed in
-`tests/common/config/test_defaults.py` with the reason for each.
+`tests/common/config/test_config_defaults.py` (DEVIATIONS) with the reason for each.
 """
 
 from __future__ import annotations
