@@ -114,6 +114,14 @@ def _allowed(name: str, token: str) -> bool:
     return any(name == f and token.startswith(s) for f, s, _ in ALLOWED)
 
 
+def _relative_problem(path: Path, target: str, root: Path) -> str:
+    """What is wrong with a path relative to `path`'s folder ('' when nothing)."""
+    resolved = (path.parent / target).resolve()
+    if not resolved.is_relative_to(root):
+        return "leaves the repository"
+    return "" if resolved.exists() else "points to nothing"
+
+
 def problems(path: Path, root: Path = ROOT) -> list[str]:
     """Every bad reference in one file, as `file:line: what`."""
     text = path.read_text(encoding="utf-8")
@@ -132,21 +140,17 @@ def problems(path: Path, root: Path = ROOT) -> list[str]:
         token = m.group(0).rstrip(".:,")
         if _allowed(name, token):
             continue
-        resolved = (path.parent / token).resolve()
-        if not resolved.is_relative_to(root):
-            out.append(f"{name}:{line(m.start())}: a path outside the repository ({token!r})")
-        elif not resolved.exists():
-            out.append(f"{name}:{line(m.start())}: {token!r} points to nothing")
+        bad = _relative_problem(path, token, root)
+        if bad:
+            out.append(f"{name}:{line(m.start())}: {token!r} {bad}")
     if path.suffix == ".md":
         for m in _LINK.finditer(text):
             target = m.group(1).split("#", 1)[0]
             if not target or re.match(r"^[a-z][a-z0-9+.-]*:", target):  # anchor, http:, mailto:
                 continue
-            resolved = (path.parent / target).resolve()
-            if not resolved.is_relative_to(root):
-                out.append(f"{name}:{line(m.start())}: link {target!r} leaves the repository")
-            elif not resolved.exists():
-                out.append(f"{name}:{line(m.start())}: link {target!r} points to nothing")
+            bad = _relative_problem(path, target, root)
+            if bad:
+                out.append(f"{name}:{line(m.start())}: link {target!r} {bad}")
     for m in _CODE.finditer(text):
         if _cited(text, m.start()):
             continue
