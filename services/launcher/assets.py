@@ -33,6 +33,9 @@ PREVIOUS_RUN_LEFTOVERS = (
     "learning_curve.png",
     "evals.jsonl",
     "services.json",
+    "metrics.lost.jsonl",
+    "trainer_claim.json",
+    "ledger.json",
 )
 
 

@@ -41,6 +41,7 @@ from services.launcher.processes import (
 from services.launcher.report import (
     check_invariants,
     flywheel_series,
+    ledger_summary,
     scrape_metrics,
     write_learning_curve,
 )
@@ -661,6 +662,7 @@ class LocalRun:
             "samples": sum(r.get("samples", 0) for r in records),
             "evals": self.evals,
             "buffer": buffer_stats,
+            "ledger": ledger_summary(self.trainer_paths.run_dir, buffer_stats),
             "restarts_total": len(self.restarts),
             "restarts": [asdict(r) for r in self.restarts],
         }
@@ -671,6 +673,14 @@ class LocalRun:
             f"{initial} -> {final}; max staleness {summary['max_staleness_seen']} (eta {eta}); "
             f"invariants {'OK' if summary['invariants_ok'] else 'VIOLATED'}"
         )
+        ledger = summary["ledger"]
+        if ledger.get("acked_lost_with_crash") or not ledger["ok"]:
+            _say(
+                f"  ledger: {ledger['trainer_acked']} groups in the trained weights + "
+                f"{ledger['acked_lost_with_crash']} acknowledged by trainers that died after "
+                f"their checkpoint = {ledger['buffer_acked']} acknowledged by the buffer "
+                f"({'ok' if ledger['ok'] else 'MISMATCH'})"
+            )
         for r in self.restarts:
             down = "never came back" if r.downtime_seconds is None else f"{r.downtime_seconds}s"
             _say(f"  restart: {r.service} ({r.exit}), down {down}")

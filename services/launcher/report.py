@@ -7,6 +7,7 @@ accounting adds up, and every service exported metrics over HTTP.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,29 @@ def check_invariants(
         else f"no metrics from {missing}",
     }
     return result
+
+
+def ledger_summary(run_dir: Path, buffer_stats: dict[str, Any]) -> dict[str, Any]:
+    """The trainer's acknowledgement ledger (`<run_dir>/ledger.json`, written by
+    services/trainer/loop.py) beside the buffer's `acked_total`: the groups the final weights
+    account for plus those acknowledged by trainers that died after their last checkpoint
+    (`acked_lost_with_crash`, trained by weights that are gone) must equal what the buffer
+    counts as acknowledged. No ledger file (a trainer that never acknowledged): all zero."""
+    path = run_dir / "ledger.json"
+    try:
+        ledger = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        ledger = {}
+    trainer = int(ledger.get("trainer_acked", 0))
+    lost = int(ledger.get("acked_lost_with_crash", 0))
+    buffer = int(buffer_stats.get("acked_total", 0))
+    return {
+        "trainer_acked": trainer,
+        "acked_lost_with_crash": lost,
+        "resumes": int(ledger.get("resumes", 0)),
+        "buffer_acked": buffer,
+        "ok": trainer + lost == buffer,
+    }
 
 
 def write_learning_curve(

@@ -30,7 +30,12 @@ Resume (`trainer.recover: auto`), in this order, before the first claim:
    and within the bound, without waiting for the buffer's idle-time redelivery.
 Groups acknowledged after the checkpoint were trained by weights that are gone: they stay
 acknowledged (the buffer's ledger counts them once) and are never served again; that is the
-cost of a checkpoint interval, and `save_freq_steps` bounds it.
+cost of a checkpoint interval, and `save_freq_steps` bounds it. The resumed trainer counts
+them: the checkpoint records how many groups its weights account for (`acked_groups`: every
+claimed batch up to and including its own, trained or filtered out), and the buffer's
+`acked_total` minus that (and minus earlier crashes' count) is `acked_lost_with_crash`,
+logged and kept in `<run_dir>/ledger.json` (`LEDGER_FILE`; the launcher's `summary.json`
+shows it beside the buffer's count), so the two ledgers match after every resume.
 
 A run that reached `total_train_steps` writes `completed.json` next to its checkpoints
 (see `lifecycle.py`); every exit writes `<run_dir>/trainer_exit.json`.
@@ -66,6 +71,7 @@ log = logging.getLogger(__name__)
 
 CLAIM_FILE = "trainer_claim.json"
 LOST_METRICS_FILE = "metrics.lost.jsonl"
+LEDGER_FILE = "ledger.json"
 
 
 def consumer_id(cfg: FlywheelConfig) -> str:
@@ -104,6 +110,11 @@ class TrainerLoop:
         self.consumer = consumer_id(cfg)
         self.consumed_groups = 0
         self.consumed_trajectories = 0
+        # The ledger against the buffer's acked_total (see the module docstring).
+        self.acked_groups = 0
+        self.acked_lost_with_crash = 0
+        self.resumes = 0
+        self._reconciled: dict[str, Any] = {}  # this process's reconciliation, if any
         self.last_batch_ids: list[str] = []
         self.last_saved_step = -1
         self._waiting_since: float | None = None
@@ -287,6 +298,7 @@ class TrainerLoop:
         t0 = time.perf_counter()
         ids = [g.group_id for g in groups]
         kept = self._dynamic_filter(groups)
+        self.acked_groups += len(ids)  # before the checkpoint, which records it
         if not kept:  # nothing to learn from: consume the batch and claim the next one
             if self.ctx.is_main:
                 self._ack(ids)
@@ -343,6 +355,22 @@ class TrainerLoop:
         assert self.buffer is not None
         if ids:
             self._io(self.buffer.ack(ids, consumer_id=self.consumer))
+            self._write_ledger()
+
+    def _write_ledger(self) -> None:
+        """Rank 0: `<run_dir>/ledger.json`, the trainer's side of the acknowledgement ledger:
+        groups the live weights account for plus those lost with dead trainers equal the
+        buffer's acked_total (the launcher compares them in `summary.json`)."""
+        lifecycle.write_json_atomic(
+            self.paths.run_dir / LEDGER_FILE,
+            {
+                "step": self.trainer.step,
+                "trainer_acked": self.acked_groups,
+                "acked_lost_with_crash": self.acked_lost_with_crash,
+                "resumes": self.resumes,
+                **self._reconciled,
+            },
+        )
 
     def _set_buffer_version(self, version: int) -> None:
         assert self.buffer is not None
@@ -434,6 +462,9 @@ class TrainerLoop:
             "data_position": {
                 "consumed_groups": self.consumed_groups,
                 "consumed_trajectories": self.consumed_trajectories,
+                "acked_groups": self.acked_groups,
+                "acked_lost_with_crash": self.acked_lost_with_crash,
+                "resumes": self.resumes,
             },
             "buffer": {
                 "consumer_id": self.consumer,
@@ -494,6 +525,10 @@ class TrainerLoop:
             pos = state.get("data_position", {})
             self.consumed_groups = int(pos.get("consumed_groups", 0))
             self.consumed_trajectories = int(pos.get("consumed_trajectories", 0))
+            # A checkpoint from before the ledger: every consumed group was trained.
+            self.acked_groups = int(pos.get("acked_groups", self.consumed_groups))
+            self.acked_lost_with_crash = int(pos.get("acked_lost_with_crash", 0))
+            self.resumes = int(pos.get("resumes", 0))
             self.last_batch_ids = list(state.get("buffer", {}).get("last_batch_group_ids", []))
             self.last_saved_step = self.trainer.step
             target_version = self.trainer.version
@@ -507,10 +542,14 @@ class TrainerLoop:
             assert self.buffer is not None
             self.paths.run_dir.mkdir(parents=True, exist_ok=True)
             claim_file = self.paths.run_dir / CLAIM_FILE
+            previous_life = bool(name)
             if self.cfg.trainer.recover == "auto" and claim_file.is_file():
                 self._replay_request_id = json.loads(claim_file.read_text()).get("request_id")
+                previous_life = True  # a trainer of this run claimed, perhaps before a checkpoint
             if self.last_batch_ids:
                 self._ack(self.last_batch_ids)  # the crash may have come before the ack
+            if previous_life:
+                self._reconcile_ledger(name)
             target_version, replicas = self._resume_version(target_version)
             if target_version > 0:
                 self._set_buffer_version(target_version)
@@ -519,6 +558,10 @@ class TrainerLoop:
             self._cut_metrics(self.trainer.step)
         target_version = int(broadcast_json(target_version))
         needs_push = bool(broadcast_json(needs_push))
+        # Every rank's checkpoints carry the same ledger.
+        self.acked_lost_with_crash, self.resumes = broadcast_json(
+            [self.acked_lost_with_crash, self.resumes]
+        )
         self.trainer.version = target_version
         if needs_push:
             sd = self.trainer.actor.full_state_dict()
@@ -540,6 +583,40 @@ class TrainerLoop:
                         "checkpoint": name,
                     },
                 )
+
+    def _reconcile_ledger(self, checkpoint: str) -> None:
+        """Rank 0, on resume: the groups the buffer counts as acknowledged beyond what the
+        restored weights account for were acknowledged by the dead trainer after its last
+        checkpoint (trained by weights that are gone). Counted as `acked_lost_with_crash`,
+        logged, and written to the ledger file; a buffer short of the checkpoint's count
+        (Redis lost acknowledgements) is logged as an error and recorded too."""
+        assert self.buffer is not None
+        buffer_acked = int(self._io(self.buffer.stats()).acked_total)
+        diff = buffer_acked - self.acked_groups - self.acked_lost_with_crash
+        self.resumes += 1
+        self.acked_lost_with_crash += max(diff, 0)
+        self._reconciled = {
+            "buffer_acked_at_resume": buffer_acked,
+            "resumed_from": checkpoint or None,
+            "lost_this_crash": max(diff, 0),
+        }
+        if diff < 0:
+            self._reconciled["buffer_short_by"] = -diff
+            log.error(
+                "the buffer counts fewer acknowledged groups than the checkpoint accounts for "
+                "(Redis lost acknowledgements)",
+                extra={"buffer_acked": buffer_acked, "checkpoint_acked": self.acked_groups},
+            )
+        log.warning(
+            "ledger reconciled with the buffer after a crash",
+            extra={
+                "checkpoint_acked": self.acked_groups,
+                "buffer_acked": buffer_acked,
+                "acked_lost_with_crash": self.acked_lost_with_crash,
+                "lost_this_crash": max(diff, 0),
+            },
+        )
+        self._write_ledger()
 
     def _resume_version(self, version: int) -> tuple[int, dict[str, int | None]]:
         """Rank 0: the version of the restored weights, and each replica's version now.

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from services.launcher.report import check_invariants, flywheel_series
+import json
+from pathlib import Path
+
+from services.launcher.report import check_invariants, flywheel_series, ledger_summary
 
 EXPOSITION = """# HELP flywheel_trainer_steps_total Optimizer steps.
 # TYPE flywheel_trainer_steps_total counter
@@ -33,3 +36,25 @@ def test_metrics_check_names_what_is_missing_and_where_series_came_from() -> Non
     assert "trainer: read from its exit textfile" in via_file["metrics_exported"]["detail"]
     seen["trainer"] = set()  # an empty textfile vouches for nothing
     assert not check_invariants(RECORDS, 1, BUFFER, seen)["metrics_exported"]["ok"]
+
+
+def test_ledger_adds_the_groups_lost_with_a_crash_to_the_trainers_and_compares(
+    tmp_path: Path,
+) -> None:
+    # 8 groups in the final weights + 2 acknowledged by a trainer that died after its
+    # checkpoint = the buffer's 10; a buffer at 9 does not match.
+    (tmp_path / "ledger.json").write_text(
+        json.dumps({"trainer_acked": 8, "acked_lost_with_crash": 2, "resumes": 1})
+    )
+    ledger = ledger_summary(tmp_path, {"acked_total": 10})
+    assert ledger == {
+        "trainer_acked": 8,
+        "acked_lost_with_crash": 2,
+        "resumes": 1,
+        "buffer_acked": 10,
+        "ok": True,
+    }
+    assert not ledger_summary(tmp_path, {"acked_total": "9"})["ok"]
+    # No file: a trainer that never acknowledged anything; right only if the buffer agrees.
+    assert ledger_summary(tmp_path / "none", {"acked_total": 0})["ok"]
+    assert not ledger_summary(tmp_path / "none", {"acked_total": 1})["ok"]

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -49,6 +51,40 @@ def _steps(cfg: FlywheelConfig) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def _wait_idle_at(
+    buf: Any,
+    proc: subprocess.Popen,
+    log: Path,
+    cfg: FlywheelConfig,
+    *,
+    step: int,
+    checkpoint_step: int,
+) -> None:
+    """Until the trainer at `cfg`'s port reports `step`, its last checkpoint at
+    `checkpoint_step`, and waits for data (nothing in flight between its steps)."""
+    address = f"127.0.0.1:{cfg.services.trainer.port}"
+
+    async def status():
+        async with TrainerClient(address, timeout=2.0, retries=0) as c:
+            return await c.status()
+
+    deadline = time.monotonic() + 300  # guards a hang; not a timing assertion
+    while True:
+        assert proc.poll() is None, log.read_text()[-3000:]
+        try:
+            st = buf.call(status())
+            if (st.step, st.last_checkpoint_step, st.phase) == (
+                step,
+                checkpoint_step,
+                "waiting_for_data",
+            ):
+                return
+        except Exception:  # noqa: BLE001 - not serving yet
+            pass
+        assert time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.1)
+
+
 def test_kill_and_resume_continues_exactly(
     tiny_model_dir: Path, tmp_path: Path, redis_server: RedisServer
 ) -> None:
@@ -85,23 +121,7 @@ def test_kill_and_resume_continues_exactly(
         path = write_config(resumed, tmp_path / "resumed.yaml")
         log = tmp_path / "resumed.log"
         first = start_trainer(path, log_path=log)
-        address = f"127.0.0.1:{resumed.services.trainer.port}"
-
-        async def status():
-            async with TrainerClient(address, timeout=2.0, retries=0) as c:
-                return await c.status()
-
-        deadline = time.monotonic() + 300  # guards a hang; not a timing assertion
-        while True:
-            assert first.poll() is None, log.read_text()[-3000:]
-            try:
-                st = buf.call(status())
-                if st.step == 2 and st.last_checkpoint_step == 2 and st.phase == "waiting_for_data":
-                    break
-            except Exception:  # noqa: BLE001 - not serving yet
-                pass
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.1)
+        _wait_idle_at(buf, first, log, resumed, step=2, checkpoint_step=2)
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=30)
         for b in batches[2:]:
@@ -122,3 +142,50 @@ def test_kill_and_resume_continues_exactly(
         torch.testing.assert_close(ra["losses"], rb["losses"], rtol=0, atol=1e-7)
         assert ra["lr"] == rb["lr"]
     assert "resumed" in log.read_text()
+
+
+def test_groups_acked_after_the_checkpoint_are_counted_on_resume(
+    tiny_model_dir: Path, tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Issue 17: step 3 is trained and acknowledged after the checkpoint of step 2, then the
+    trainer is killed. Its 2 groups stay acknowledged in the buffer (never served again),
+    and the resumed trainer counts them: checkpoint's 4 + lost 2 = the buffer's 6 at resume,
+    and at the end 4 steps x 2 groups + 2 lost = the buffer's 10."""
+    batches = [
+        synthetic_groups(tiny_model_dir, n_groups=2, seed=s, prefix=f"l{s}-") for s in range(5)
+    ]
+    cfg = _config(tiny_model_dir, tmp_path, "ledger")
+    run_dir = tmp_path / "ledger" / "t"
+    with running_buffer(cfg, redis_server.url) as buf:
+        cfg = _with_buffer_port(cfg, buf.port)
+        for b in batches[:3]:
+            buf.put(b)
+        path = write_config(cfg, tmp_path / "ledger.yaml")
+        log = tmp_path / "ledger.log"
+        first = start_trainer(path, log_path=log)
+        _wait_idle_at(buf, first, log, cfg, step=3, checkpoint_step=2)
+        before = json.loads((run_dir / "ledger.json").read_text())
+        assert (before["trainer_acked"], before["acked_lost_with_crash"]) == (6, 0)
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+        for b in batches[3:]:
+            buf.put(b)
+        second = start_trainer(path, log_path=log)
+        assert second.wait(timeout=300) == 0, log.read_text()[-3000:]
+        stats = buf.call(buf.client.stats())
+
+    ledger = json.loads((run_dir / "ledger.json").read_text())
+    assert ledger["buffer_acked_at_resume"] == 6 and ledger["resumed_from"] == "step_00000002"
+    assert ledger["lost_this_crash"] == 2
+    assert (ledger["trainer_acked"], ledger["acked_lost_with_crash"], ledger["resumes"]) == (
+        8,
+        2,
+        1,
+    )
+    assert stats.acked_total == 10 == ledger["trainer_acked"] + ledger["acked_lost_with_crash"]
+    lost = [json.loads(x) for x in (run_dir / "metrics.lost.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lost] == [3]
+    assert len(lost[0]["group_ids"]) == ledger["acked_lost_with_crash"]
+    trained = [g for r in _steps(cfg) for g in r["group_ids"]]
+    assert not set(trained) & set(lost[0]["group_ids"])  # never trained twice
+    assert "ledger reconciled with the buffer after a crash" in log.read_text()
