@@ -46,6 +46,35 @@ GRPC_PORT = 50051
 METRICS_PORT = 9400
 RENDEZVOUS_PORT = 29500
 SGLANG_PORT = 30000
+SGLANG_PYTHON = "/opt/venv/bin/python"  # the GPU image's one environment (Dockerfile.gpu)
+SGLANG_CACHE = "/var/cache/sglang"
+# The root filesystem is read-only: HOME and every kernel cache SGLang points under
+# SGLANG_CACHE_DIR (SGLang's srt/environ.py) live on the pod's own emptyDir, as in the chart.
+SGLANG_CACHE_ENV = {
+    "HOME": f"{SGLANG_CACHE}/home",
+    "XDG_CACHE_HOME": f"{SGLANG_CACHE}/xdg",
+    "HF_HOME": f"{SGLANG_CACHE}/hf",
+    "SGLANG_CACHE_DIR": f"{SGLANG_CACHE}/sglang",
+    "TRITON_CACHE_DIR": f"{SGLANG_CACHE}/sglang/triton",
+    "TORCHINDUCTOR_CACHE_DIR": f"{SGLANG_CACHE}/sglang/inductor",
+    "CUDA_CACHE_PATH": f"{SGLANG_CACHE}/sglang/nv",
+    "TILELANG_CACHE_DIR": f"{SGLANG_CACHE}/sglang/tilelang",
+    "FLASHINFER_WORKSPACE_BASE": f"{SGLANG_CACHE}/sglang",
+}
+
+
+def _sglang_ping() -> list[str]:
+    """SGLang's `/ping` from inside its container (it listens on loopback only): 200 once
+    started, paused or not, and it generates nothing, unlike `/health`; it sends the API key
+    when the container has one (SGLang exempts only /health*, /ready*, /metrics*)."""
+    script = (
+        "import os, urllib.request as u; k = os.environ.get('SGLANG_API_KEY'); "
+        f"u.urlopen(u.Request('http://127.0.0.1:{SGLANG_PORT}/ping', headers="
+        "{'Authorization': 'Bearer ' + k} if k else {}), timeout=5)"
+    )
+    return [SGLANG_PYTHON, "-c", script]
+
+
 SHARED_MOUNT = "/data/shared"
 CONFIG_MOUNT = "/etc/flywheel"
 UID = 10001
@@ -395,6 +424,8 @@ def _pod_spec(
         )
     if shm:
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}})
+    if any(c["name"] == "sglang" for c in containers):
+        volumes.append({"name": "sglang-cache", "emptyDir": {}})
     spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "securityContext": copy.deepcopy(_POD_SECURITY),
@@ -647,13 +678,17 @@ def build_manifests(
     ]
     if sglang:
         tp = cfg.rollout.sglang.tp_size
-        health = f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{SGLANG_PORT}/health', timeout=5)"
+        probe = {
+            "exec": {"command": _sglang_ping()},
+            "periodSeconds": 10,
+            "timeoutSeconds": 8,
+        }
         rollout_containers.append(
             {
                 "name": "sglang",
                 "image": cfg.scheduler.image,
                 "imagePullPolicy": cfg.scheduler.image_pull_policy,
-                "command": ["/opt/sglang/bin/python", "-m", "sglang.launch_server"],
+                "command": [SGLANG_PYTHON, "-m", "sglang.launch_server"],
                 "args": [
                     "--model-path",
                     cfg.actor.path,
@@ -669,18 +704,16 @@ def build_manifests(
                     for k, v in cfg.rollout.sglang.launch_args.items()
                     for a in (f"--{k.replace('_', '-')}", str(v))
                 ],
-                "env": [{"name": "HF_HOME", "value": "/tmp/hf"}],
-                "startupProbe": {
-                    "exec": {"command": ["/opt/sglang/bin/python", "-c", health]},
-                    "periodSeconds": 10,
-                    "timeoutSeconds": 8,
-                    "failureThreshold": 90,
-                },
+                "env": [{"name": k, "value": v} for k, v in SGLANG_CACHE_ENV.items()],
+                "startupProbe": {**probe, "failureThreshold": 90},
+                "livenessProbe": {**probe, "periodSeconds": 30, "failureThreshold": 5},
+                "readinessProbe": {**probe, "failureThreshold": 3},
                 "resources": {"limits": {"nvidia.com/gpu": tp}},
                 "securityContext": copy.deepcopy(_CONTAINER_SECURITY),
                 "volumeMounts": [
                     {"name": "tmp", "mountPath": "/tmp"},
                     {"name": "dshm", "mountPath": "/dev/shm"},
+                    {"name": "sglang-cache", "mountPath": SGLANG_CACHE},
                     {"name": "shared", "mountPath": SHARED_MOUNT},
                 ],
             }

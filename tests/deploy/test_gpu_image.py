@@ -351,3 +351,47 @@ def test_compose_hands_weights_over_on_a_volume_both_containers_mount(stack):
         assert here is not None and here == _volume_of(mounts("sglang"), path), path
     assert _volume_of(mounts("trainer-gpu"), published) == _volume_of(mounts("sglang"), published)
     assert json.dumps(stack["sglang"]["volumes"]).count("flywheel-data") == 1
+
+
+def test_the_kubernetes_launcher_runs_sglang_as_the_chart_does(pod):
+    """`flywheel run` with `scheduler.type: kubernetes` builds its own SGLang container: it
+    had the defects the chart lost (a `/health` probe that generates, HF_HOME alone under a
+    read-only root, the old `/opt/sglang` interpreter). Its caches, interpreter and probe
+    commands must be the chart's."""
+    from services.common.config import load_config
+    from services.launcher import kubernetes as k8s
+
+    cfg = load_config(
+        str(ROOT / "examples" / "grpo.yaml"),
+        [
+            "actor.path=/shared/models/m",
+            "train_dataset.path=/shared/data/train.jsonl",
+            "valid_dataset.path=/shared/data/valid.jsonl",
+            "rollout.engine=sglang",
+            "trainer.backend=nccl",
+            "trainer.device=cuda",
+        ],
+    )
+    [sts] = [
+        o
+        for o in k8s.build_manifests(cfg)
+        if o["kind"] == "StatefulSet" and o["metadata"]["name"].endswith("-rollout")
+    ]
+    spec = sts["spec"]["template"]["spec"]
+    ours = {c["name"]: c for c in spec["containers"]}["sglang"]
+    theirs = pod["containers"]["sglang"]
+    assert ours["command"][0] == theirs["command"][0] == VENV_PYTHON
+    cache_env = {k: v for k, v in _env(theirs).items() if k in CACHE_VARIABLES}
+    assert {k: v for k, v in _env(ours).items() if k in CACHE_VARIABLES} == cache_env
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    writable = [
+        m["mountPath"]
+        for m in ours["volumeMounts"]
+        if not m.get("readOnly") and "emptyDir" in volumes[m["name"]]
+    ]
+    assert all(any(_under(v, w) for w in writable) for v in cache_env.values())
+    port = int(theirs["args"][theirs["args"].index("--port") + 1])
+    for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
+        mine = ours[kind]["exec"]["command"]
+        assert _on_port(mine, port) == _on_port(theirs[kind]["exec"]["command"], port), kind
+        assert "/ping" in mine[2] and "/health" not in mine[2]
