@@ -27,6 +27,7 @@ from services.trainer.control import Control
 from services.trainer.io_loop import IOLoop
 from services.trainer.logprobs import token_logprobs
 from services.trainer.loop import TrainerLoop
+from services.trainer.parity import PARITY_FILE, ParityProbe
 from services.trainer.paths import RunPaths
 from services.trainer.ppo import PPOTrainer
 from services.trainer.weight_sync import (
@@ -127,7 +128,8 @@ def test_service_loop_publishes_every_step_in_sync_mode(
     setup: dict, tiny_model_dir: Path, tmp_path: Path, redis_server: RedisServer
 ) -> None:
     """The whole loop (buffer claim -> train -> ack -> version -> publish) with eta = 0:
-    the replica is paused around the update and serves each new version afterwards."""
+    the replica is paused around the update and serves each new version afterwards; the
+    parity probe runs once it decodes again and finds it computing what the trainer does."""
     io: IOLoop = setup["io"]
     base: FlywheelConfig = setup["cfg"]
     cfg = trainer_config(
@@ -155,7 +157,11 @@ def test_service_loop_publishes_every_step_in_sync_mode(
         async def clients():
             return (
                 BufferClient(cfg.services.buffer.address),
-                WeightPublisher(cfg, weight_dir=paths.weight_dir),
+                WeightPublisher(
+                    cfg,
+                    weight_dir=paths.weight_dir,
+                    parity=ParityProbe.from_config(cfg, log_path=paths.run_dir / PARITY_FILE),
+                ),
             )
 
         buffer, publisher = io.run(clients(), timeout=30)
@@ -194,6 +200,8 @@ def test_service_loop_publishes_every_step_in_sync_mode(
     assert [r["version"] for r in lines] == [1, 2]
     assert all(r["replicas_updated"] == 1 and r["replicas_failed"] == [] for r in lines)
     assert all(r["phase_seconds"]["broadcast"] > 0 for r in lines)
+    probes = [json.loads(x) for x in (paths.run_dir / PARITY_FILE).read_text().splitlines()]
+    assert [(p["version"], p["ok"]) for p in probes] == [(1, True), (2, True)]
     # The disk transport left the newest version's directory for late replicas.
     assert (paths.weight_dir / LATEST_FILE).read_text() == version_dir(paths.weight_dir, 2).name
 
