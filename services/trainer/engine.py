@@ -8,6 +8,7 @@ joins the FSDP all-gathers (and, in training, the reduce-scatters).
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
 
@@ -17,7 +18,7 @@ from torch import nn
 from services.common.config import TrainEngineConfig
 from services.trainer.batch import SeqBatch
 from services.trainer.dist import DistContext
-from services.trainer.logprobs import token_logprobs
+from services.trainer.logprobs import first_scored_position, token_logprobs
 from services.trainer.model import (
     full_state_dict,
     load_hf_model,
@@ -50,6 +51,9 @@ class TrainEngine:
         hf = load_hf_model(cfg, critic=critic)
         self.hf_config = hf.config
         self.param_names = parameter_names(hf)
+        # HF causal LMs take `logits_to_keep` (the head runs on the last positions only);
+        # a model without it gets the head on every position.
+        self._head_on_suffix = "logits_to_keep" in inspect.signature(hf.forward).parameters
         self.module: nn.Module = shard_model(hf, ctx, cfg)
         self.trainable = cfg.optimizer is not None
         self.optimizer: torch.optim.Optimizer | None = None
@@ -76,17 +80,32 @@ class TrainEngine:
             )
         return mb.input_ids.to(dev), mb.attention_mask.to(dev).long()
 
-    def logits(self, mb: SeqBatch | None) -> torch.Tensor:
+    def logits(self, mb: SeqBatch | None, *, first_position: int = 0) -> torch.Tensor:
+        """The model's outputs `[b, t - first_position, ...]` at positions
+        `first_position` onwards (the head skips the earlier ones where the model allows)."""
         ids, attn = self._inputs(mb)
-        return self.module(input_ids=ids, attention_mask=attn, use_cache=False).logits
+        kwargs = {}
+        if first_position > 0:
+            if not self._head_on_suffix:
+                out = self.module(input_ids=ids, attention_mask=attn, use_cache=False).logits
+                return out[:, first_position:]
+            kwargs["logits_to_keep"] = ids.shape[1] - first_position
+        return self.module(input_ids=ids, attention_mask=attn, use_cache=False, **kwargs).logits
 
     def logprobs(
         self, mb: SeqBatch | None, *, with_entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Per-token log π (and entropy) under the rollout temperature, `[b, t]`."""
-        logits = self.logits(mb)
+        """Per-token log π (and entropy) under the rollout temperature, `[b, t]`, at the
+        positions from one before the micro-batch's first `loss_mask` token on (0 before:
+        nothing reads them). Prompts are most of a short-answer RL batch, and the head and
+        log-softmax over a 49k vocabulary at every prompt position would be a fifth of the
+        step's work, thrown away."""
+        first = 0 if mb is None or mb.size == 0 else first_scored_position(mb.loss_mask)
+        logits = self.logits(mb, first_position=first)
         ids, _ = self._inputs(mb)
-        return token_logprobs(logits, ids, self.temperature, with_entropy=with_entropy)
+        return token_logprobs(
+            logits, ids, self.temperature, with_entropy=with_entropy, first_position=first
+        )
 
     def values(self, mb: SeqBatch | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Critic: (values `[b, t]` with values[t] = V(state in which token t is chosen),

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from services.trainer.logprobs import token_logprobs
+from services.trainer.logprobs import first_scored_position, token_logprobs
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -44,3 +44,36 @@ def test_bad_inputs() -> None:
         token_logprobs(torch.zeros(1, 2, 3), torch.zeros(1, 2, dtype=torch.long), 0.0)
     with pytest.raises(ValueError, match="do not align"):
         token_logprobs(torch.zeros(1, 2, 3), torch.zeros(1, 3, dtype=torch.long))
+
+
+@pytest.mark.parametrize("first", [1, 3])
+def test_logits_of_a_suffix_give_the_same_logprobs(first: int) -> None:
+    # Logits of positions first.. only (what the head returns with HF `logits_to_keep`):
+    # every token after `first` gets the full computation's numbers, the rest 0.
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(2, 6, 11, generator=g)
+    ids = torch.randint(0, 11, (2, 6), generator=g)
+    full, full_ent = token_logprobs(logits, ids, 0.7, with_entropy=True)
+    part, part_ent = token_logprobs(
+        logits[:, first:], ids, 0.7, with_entropy=True, first_position=first
+    )
+    assert full_ent is not None and part_ent is not None
+    torch.testing.assert_close(part[:, first + 1 :], full[:, first + 1 :], rtol=0, atol=0)
+    torch.testing.assert_close(part_ent[:, first + 1 :], full_ent[:, first + 1 :], rtol=0, atol=0)
+    assert not part[:, : first + 1].any() and not part_ent[:, : first + 1].any()
+    with pytest.raises(ValueError, match="do not align"):
+        token_logprobs(logits[:, first:], ids, first_position=first + 1)
+
+
+def test_first_scored_position() -> None:
+    # Row 0 trains on tokens 3-4, row 1 on 5: token 3 is predicted at position 2.
+    mask = torch.tensor([[0, 0, 0, 1, 1, 0], [0, 0, 0, 0, 0, 1]])
+    assert first_scored_position(mask) == 2
+    assert first_scored_position(torch.tensor([[1, 1, 0]])) == 0
+    assert first_scored_position(torch.zeros(2, 4)) == 0
+
+
+def test_entropy_carries_no_gradient() -> None:
+    logits = torch.randn(1, 4, 5, requires_grad=True)
+    logp, ent = token_logprobs(logits, torch.tensor([[0, 1, 2, 3]]), with_entropy=True)
+    assert ent is not None and not ent.requires_grad and logp.requires_grad
