@@ -217,13 +217,15 @@ def test_two_processes_convert_the_real_package_into_one_directory(tmp_path: Pat
     assert outs[0] == outs[1]
     target = Path(outs[0])
     assert sorted(p.name for p in cache.iterdir() if not p.name.startswith(".")) == [target.name]
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerFast
 
     cfg = AutoConfig.from_pretrained(target)
     assert (cfg.model_type, cfg.num_hidden_layers, cfg.vocab_size) == ("llama", 30, 49152)
     assert cfg.tie_word_embeddings and cfg.eos_token_id == 2
     tok = AutoTokenizer.from_pretrained(target)
-    assert type(tok).__name__ == "PreTrainedTokenizerFast" and tok.eos_token == "<|im_end|>"
+    # The generic fast class, not LlamaTokenizerFast (transformers 5 names it
+    # TokenizersBackend and keeps PreTrainedTokenizerFast as an alias of it).
+    assert type(tok) is PreTrainedTokenizerFast and tok.eos_token == "<|im_end|>"
     assert "<|im_start|>assistant" in tok.apply_chat_template(
         [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
     )
