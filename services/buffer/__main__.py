@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.replay:
         overrides.append(f"buffer.replay_path={args.replay}")
     try:
-        cfg = load_config(args.config, overrides)
+        cfg = load_config(args.config, overrides, service="buffer")
     except ConfigError as err:
         if args.check:
             return failed("buffer", err)

@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     setup_logging("reward", args.log_level)
     try:
-        cfg = load_config(args.config, list(args.overrides))
+        cfg = load_config(args.config, list(args.overrides), service="reward")
         r = cfg.reward
         # Fail at start, with exit code 2, on a function name the registry cannot resolve.
         RewardRegistry(r.functions, default=r.fn, allow_dotted_paths=r.allow_dotted_paths)

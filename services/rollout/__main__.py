@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--replica-index={args.replica_index}: must be >= 0", file=sys.stderr)
         return 2
     try:
-        cfg = load_config(args.config, list(args.overrides))
+        cfg = load_config(args.config, list(args.overrides), service="rollout")
         from services.rollout.service import model_path
 
         if cfg.rollout.engine == "torch" or not cfg.rollout.sglang.url:

@@ -40,7 +40,10 @@ def test_reward_starts_with_no_config_at_all() -> None:
         ("trainer", (), "actor.path is empty"),
         ("trainer", ("--nnodes", "2", "actor.path=/m", "trainer.n_ranks=3"), "trainer.n_ranks=3"),
         ("rollout", ("--replica-index", "2", "actor.path=/m"), "rollout.n_replicas=1"),
-        ("reward", ("actor.kl_ctl=0.1",), "actor.kl_ctl"),
+        ("reward", ("reward.fn=gsm9k",), "gsm9k"),
+        # A KL penalty without `ref` stops the trainer; the reward service does not read it
+        # (tests/reward/test_main.py).
+        ("trainer", ("actor.path=/m", "actor.kl_ctl=0.1"), "actor.kl_ctl"),
         ("buffer", ("services.buffer.host=buffer.flywheel.svc.cluster.local",), "resolve"),
     ],
 )

@@ -373,7 +373,10 @@ def test_preflight_every_pod_would_start(helm_check, rendered, case):
 def test_preflight_finds_a_pod_that_would_exit(helm_check):
     objects = helm_check.render({"config": {"actor": {"kl_ctl": 0.1}}})
     problems = helm_check.preflight(objects)
-    assert len(problems) == 4 and all("actor.kl_ctl" in p for p in problems), problems
+    # A KL penalty without `ref` is the trainer's problem: only its pod would exit (the
+    # reward, buffer and rollout services check only the blocks they read).
+    [problem] = problems
+    assert "(trainer)" in problem and "actor.kl_ctl" in problem
     # a service told to bind a name that is not its own (what the 0.0.0.0 override avoids)
     objects = helm_check.render(
         {"extraOverrides": ["services.reward.host=flywheel-reward.flywheel.svc.cluster.local"]}

@@ -1,5 +1,6 @@
 """`python -m services.reward --config FILE` as the launcher runs it: serves, answers,
-stops cleanly on SIGTERM; a bad function name exits 2 naming it."""
+stops cleanly on SIGTERM; a bad function name exits 2 naming it; it starts from a file with
+only its own blocks, and from one whose trainer part is wrong (it checks only what it reads)."""
 
 from __future__ import annotations
 
@@ -22,22 +23,48 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def write_config(tmp_path: Path, reward: dict) -> Path:
+# A trainer-only mistake: a KL penalty without a reference model (`flywheel run` refuses it).
+TRAINER_ERROR = {"actor": {"kl_ctl": 0.1}}
+
+
+def write_config(tmp_path: Path, reward: dict, **blocks: dict) -> Path:
     cfg = {
-        "experiment_name": "reward-main",
-        "trial_name": "t",
-        "cluster": {"fileroot": str(tmp_path)},
-        "actor": {"kl_ctl": 0.0},
         "services": {"reward": {"port": 0, "metrics_port": 0}},
         "reward": reward,
+        **blocks,
     }
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
 
 
+@pytest.mark.parametrize("blocks", [{}, TRAINER_ERROR], ids=["reward-only", "trainer-error"])
+def test_check_passes_on_what_the_reward_service_reads(tmp_path: Path, blocks: dict) -> None:
+    path = write_config(tmp_path, {"fn": "gsm8k"}, **blocks)
+    done = subprocess.run(
+        [sys.executable, "-m", "services.reward", "--check", "--config", str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "reward: check passed (fn=gsm8k)" in done.stdout
+    # The trainer's problem is named in the log, not fatal here.
+    assert ("actor.kl_ctl: not checked for the reward service" in done.stderr) == bool(blocks)
+    trainer_view = subprocess.run(
+        [sys.executable, "-m", "services.cli", "run", "--config", str(path), "--dry-run"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert trainer_view.returncode == (2 if blocks else 0), trainer_view.stderr
+
+
 def test_entry_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
-    path = write_config(tmp_path, {"fn": "gsm8k", "num_workers": 1})
+    # Started from a file whose trainer part is wrong: the reward service does not read it.
+    path = write_config(tmp_path, {"fn": "gsm8k", "num_workers": 1}, **TRAINER_ERROR)
     proc = subprocess.Popen(
         [sys.executable, "-m", "services.reward", "--config", str(path)],
         cwd=ROOT,

@@ -10,11 +10,16 @@ A file written for AReaL (recognised by keys only AReaL has, or named so with
 `source="areal"`) is translated after interpolation (`areal_compat.translate`), and data
 sets named by a Hugging Face id are resolved to their local copy (`dataset`);
 `load_with_report` returns what was done next to the config, for the dry-run to print.
+
+A service loads with its name (`service="reward"`): the config is then checked only as far
+as that service reads it (`root.SERVICE_BLOCKS`); what it does not read is left unchecked
+and reported, so that a reward service starts from a file whose trainer part is still wrong.
 """
 
 from __future__ import annotations
 
 import difflib
+import logging
 import os
 import re
 import types
@@ -33,7 +38,7 @@ from ._base import FlywheelModel, RuleViolation, redact_secrets
 from .areal_compat import Translation
 from .dataset import is_hub_id, resolve_hub_dataset, reward_for
 from .errors import ConfigError, ConfigIssue
-from .root import FlywheelConfig
+from .root import SERVICE_BLOCKS, FlywheelConfig
 
 _MISSING = "<missing>"
 _FLOAT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$|^[+-]?(inf|nan)$", re.IGNORECASE)
@@ -472,12 +477,56 @@ def _issues(error: ValidationError) -> list[ConfigIssue]:
     return issues
 
 
-def validate(raw: dict[str, Any]) -> FlywheelConfig:
-    """Validate a resolved raw tree into a `FlywheelConfig` (ConfigError on failure)."""
+_BLOCKS = frozenset(
+    name for name, f in FlywheelConfig.model_fields.items() if _is_model(_unwrap(f.annotation))
+)
+
+
+def _concerns(issue: ConfigIssue, service: str | None) -> bool:
+    """Whether `issue` stops `service` (None: the whole experiment): it lies in a block the
+    service reads, or outside every block (root keys such as `experiment_name`)."""
+    if service is None:
+        return True
+    block = issue.path.split(".", 1)[0]
+    return block not in _BLOCKS or block in SERVICE_BLOCKS[service]
+
+
+def validate_for(
+    raw: dict[str, Any], service: str | None = None
+) -> tuple[FlywheelConfig, list[ConfigIssue]]:
+    """Validate a resolved raw tree as `service` reads it (None: all of it), and return the
+    problems that stop the whole experiment but not that service (the trainer's rules, a
+    block the service does not read). An invalid block the service does not read is left
+    at its defaults in the returned config; every other problem is a ConfigError."""
+    if service is not None and service not in SERVICE_BLOCKS:
+        raise ConfigError(
+            ConfigIssue("", service, f"unknown service; use one of {', '.join(SERVICE_BLOCKS)}")
+        )
     try:
-        return FlywheelConfig.model_validate(raw)
+        return FlywheelConfig.model_validate(raw), []
+    except ValidationError as exc:
+        everything = _issues(exc)
+    if service is None:
+        raise ConfigError(everything)
+    context = {"service": service}
+    try:
+        return FlywheelConfig.model_validate(raw, context=context), everything
+    except ValidationError as exc:
+        issues = _issues(exc)
+    own = [i for i in issues if _concerns(i, service)]
+    if own:
+        raise ConfigError(own)
+    unread = {i.path.split(".", 1)[0] for i in issues}
+    kept = {key: value for key, value in raw.items() if key not in unread}
+    try:
+        return FlywheelConfig.model_validate(kept, context=context), everything
     except ValidationError as exc:
         raise ConfigError(_issues(exc)) from None
+
+
+def validate(raw: dict[str, Any]) -> FlywheelConfig:
+    """Validate a resolved raw tree into a `FlywheelConfig` (ConfigError on failure)."""
+    return validate_for(raw)[0]
 
 
 def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -533,13 +582,29 @@ class LoadReport:
     data: list[Translation] = dataclass_field(default_factory=list)
     """Data set ids resolved to local copies (or not found), rewards that follow."""
 
+    service: str | None = None
+    """The service the config was loaded for (None: the whole experiment)."""
+
+    unchecked: list[ConfigIssue] = dataclass_field(default_factory=list)
+    """Problems that do not concern `service` (the trainer's rules, blocks it does not
+    read): not fatal for it, fatal for the trainer and `flywheel run`."""
+
     @property
     def warnings(self) -> list[str]:
-        """One line per ignored key or missing data set, each naming the key."""
+        """One line per ignored key, missing data set or unread invalid block, each naming
+        the key."""
         return [
             f"{r.key}: {r.action}: {r.flywheel}"
             for r in (*self.translations, *self.data)
             if r.action in (areal_compat.IGNORED, "missing")
+        ] + self.unchecked_lines()
+
+    def unchecked_lines(self) -> list[str]:
+        """One line per problem left unchecked for `service`, naming the key."""
+        return [
+            f"{i.path}: not checked for the {self.service} service, which does not use it "
+            f"(the trainer refuses it): {i.message}"
+            for i in self.unchecked
         ]
 
     def lines(self) -> list[str]:
@@ -572,13 +637,15 @@ def load_with_report(
     *,
     source: str = "auto",
     require_data: bool = True,
+    service: str | None = None,
 ) -> tuple[FlywheelConfig, LoadReport]:
     """Load like `load_config` and say what was translated and resolved.
 
     `source`: `auto` reads a file with AReaL-only keys as AReaL's, `areal` always
     translates, `flywheel` never does. With `require_data`, a data set id without a local
     copy is a `ConfigError` carrying the fetch command; without it (the dry-run), a
-    warning in the report.
+    warning in the report. `service`: check only what that service reads (see
+    `validate_for`); None checks the whole experiment.
     """
     if source not in _SOURCES:
         raise ConfigError(
@@ -598,8 +665,9 @@ def load_with_report(
         tree = resolve_interpolations(tree)
     else:
         tree = _apply_all(raw, overrides)
-    problems = _resolve_data(tree, report)
-    config = validate(tree)
+    problems = [p for p in _resolve_data(tree, report) if _concerns(p, service)]
+    config, report.unchecked = validate_for(tree, service)
+    report.service = service
     if problems and require_data:
         raise ConfigError(problems)
     return config, report
@@ -672,10 +740,16 @@ def load_config(
     overrides: Sequence[str] = (),
     *,
     source: str = "auto",
+    service: str | None = None,
 ) -> FlywheelConfig:
     """Load `path` (or only defaults when None), apply `overrides`, resolve, validate.
-    An AReaL file is translated (see `load_with_report`)."""
-    return load_with_report(path, overrides, source=source)[0]
+    An AReaL file is translated (see `load_with_report`). A service passes its name
+    (`reward`, `buffer`, `rollout`) to be checked only on the blocks it reads; what it
+    leaves unchecked is logged as a warning."""
+    config, report = load_with_report(path, overrides, source=source, service=service)
+    for line in report.unchecked_lines():
+        logging.getLogger(f"flywheel.{service}").warning("config: %s", line)
+    return config
 
 
 def to_yaml(config: FlywheelModel, *, redact: bool = True) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from ._base import FlywheelModel, RuleViolation
 from .actor import PPOActorConfig, PPOCriticConfig, TeacherConfig, TrainEngineConfig
@@ -21,6 +21,20 @@ from .tracking import TrackingConfig
 from .trainer import TrainerConfig
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+SERVICE_BLOCKS: dict[str, frozenset[str]] = {
+    "reward": frozenset({"reward", "services", "cluster"}),
+    "buffer": frozenset({"buffer", "rollout", "services", "cluster"}),
+    "rollout": frozenset(
+        {"rollout", "actor", "gconfig", "reward", "train_dataset", "trainer", "services", "cluster"}
+    ),
+}
+"""The blocks each service reads (the rollout reads `actor.path` and the trainer's weight
+directory). Loaded for one of these services (`load_config(..., service=...)`), a config is
+validated only as far as that service uses it: rules that concern the trainer alone (a KL
+penalty needs `ref`, the trainer's temperature, NCCL on GPUs) are not applied, and an
+invalid block the service does not read is reported, not fatal. The trainer, the launcher
+and `flywheel run` check everything."""
 _WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "[::]", ""})
 
 
@@ -126,7 +140,25 @@ class FlywheelConfig(FlywheelModel):
         return value
 
     @model_validator(mode="after")
-    def _cross_block_rules(self) -> FlywheelConfig:
+    def _cross_block_rules(self, info: ValidationInfo) -> FlywheelConfig:
+        service = (info.context or {}).get("service")
+        if service in ("reward", "buffer"):
+            self._check_ports()  # the only rule across the blocks they read
+            return self
+        if service != "rollout":  # the rollout samples; the rest is the trainer's
+            self._check_trainer_rules()
+        if self.train_dataset.path is None and self.train_dataset.builtin is None:
+            raise RuleViolation(
+                "train_dataset.path",
+                None,
+                "no training data: set train_dataset.path to a JSONL/parquet file or "
+                "train_dataset.builtin: arithmetic",
+            )
+        self._check_ports()
+        return self
+
+    def _check_trainer_rules(self) -> None:
+        """Rules between the blocks the trainer reads (actor, ref, teacher, gconfig, trainer)."""
         self._check_reference_model()
         self._check_teacher()
         if self.actor.temperature != self.gconfig.temperature:
@@ -143,15 +175,6 @@ class FlywheelConfig(FlywheelModel):
                 "nccl",
                 "NCCL needs GPUs but trainer.device is 'cpu'; use backend: gloo or device: cuda",
             )
-        if self.train_dataset.path is None and self.train_dataset.builtin is None:
-            raise RuleViolation(
-                "train_dataset.path",
-                None,
-                "no training data: set train_dataset.path to a JSONL/parquet file or "
-                "train_dataset.builtin: arithmetic",
-            )
-        self._check_ports()
-        return self
 
     def _check_reference_model(self) -> None:
         # AReaL computes the KL term against whatever "ref" logprobs exist; without a
