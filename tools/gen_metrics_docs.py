@@ -109,7 +109,7 @@ def _docstring_hints(module_name: str, service: str) -> dict[str, str]:
     doc = importlib.import_module(module_name).__doc__ or ""
     hints: dict[str, str] = {}
     for line in doc.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
         if not line.lstrip().startswith("|") or len(cells) < 2 or set(cells[0]) <= {"-", " "}:
             continue
         names = [
