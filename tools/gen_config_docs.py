@@ -41,6 +41,16 @@ command line as a dotted override (`actor.eps_clip=0.3`, `+actor.new_key=1`, `~k
 defaults follow AReaL's where AReaL has the key; keys marked "Flywheel" in their
 description are Flywheel's own. A file written for AReaL is translated on load: see
 [Coming from AReaL](#coming-from-areal).
+
+`flywheel run`, the launcher and the trainer check the whole file. The reward, buffer and
+rollout services (`python -m services.reward`, ...) check it only as far as they read it:
+the reward service `reward`, `services`, `cluster` and the root keys; the buffer also
+`buffer` and `rollout`; the rollout also `rollout`, `actor`, `gconfig`, `reward`,
+`train_dataset` and `trainer`. The rules that concern the trainer alone (a KL penalty
+needs `ref`, `actor.temperature` equals `gconfig.temperature`, NCCL needs GPUs, a teacher
+needs its path) and a wrong block a service does not read do not stop that service: it
+logs each as a warning naming the key and starts, so a reward service runs from a file
+that holds only its own blocks.
 """
 
 AREAL = """
@@ -93,7 +103,11 @@ that points at the other key.
 
 Differences an AReaL user meets: `actor.kl_ctl` defaults to 0 (AReaL's 0.1 without a
 reference model is a surprisal bonus; a KL penalty needs `ref`), `actor.eps_clip` and the
-other algorithm keys keep AReaL's defaults.
+other algorithm keys keep AReaL's defaults. A file AReaL itself refuses is refused here
+too: `actor.behave_imp_weight_cap` / `behave_imp_weight_mode` (removed from AReaL, whose
+loader stops on them; its `gsm8k_grpo_megatron_lora*.yaml` still carry them) stop the load
+with the equivalent `actor.rejection_sampling`. `actor.use_lora: true`
+(`gsm8k_grpo_lora.yaml`) stops the load as well: the trainer updates the full weights.
 
 ### Data sets by name
 
