@@ -56,7 +56,6 @@ class Family:
     labels: tuple[str, ...]
     help: str
     watch: str  # what to look at, from the defining module's docstring table
-    module: str
 
 
 class _RecordingRegistry(CollectorRegistry):
@@ -100,27 +99,24 @@ def _metrics_classes(module: Any) -> list[type]:
     ]
 
 
-def _docstring_hints(module_name: str, service: str) -> dict[str, str]:
-    """Series name -> the last cell of its row in the module docstring's metric table.
+def _docstring_rows(module_name: str, service: str) -> list[tuple[list[str], str]]:
+    """The metric table of a module's docstring: (names in the first cell, last cell).
 
     A cell may name several series (`flywheel_buffer_stored_groups` / `_stored_bytes`): a
-    name starting with `_` replaces the tail of the row's first name; which tail is decided
-    later against the exported names (see `_expand`)."""
+    name starting with `_` replaces the tail of the row's first name (see `_expand`)."""
     doc = importlib.import_module(module_name).__doc__ or ""
-    hints: dict[str, str] = {}
+    rows: list[tuple[list[str], str]] = []
     for line in doc.splitlines():
         cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
-        if not line.lstrip().startswith("|") or len(cells) < 2 or set(cells[0]) <= {"-", " "}:
+        if not line.lstrip().startswith("|") or len(cells) < 2:
             continue
         names = [
             re.sub(r"\{[^}]*\}", "", n).replace("<service>", service)
             for n in re.findall(r"`([^`]+)`", cells[0])
         ]
-        if not names or not names[0].startswith("flywheel_"):
-            continue
-        for n in names:
-            hints.setdefault(n, cells[-1].replace("\\|", "|"))
-    return hints
+        if names and names[0].startswith("flywheel_"):
+            rows.append((names, cells[-1].replace("\\|", "|")))
+    return rows
 
 
 def _expand(short: str, first: str, exported: set[str]) -> str | None:
@@ -135,16 +131,12 @@ def _expand(short: str, first: str, exported: set[str]) -> str | None:
 
 
 def _hints_for(modules: list[str], service: str, exported: set[str]) -> dict[str, str]:
+    """Series name -> what to look at; the service's own table wins over shared modules."""
     out: dict[str, str] = {}
-    for module_name in modules:  # the service's own table first, shared modules after
-        raw = _docstring_hints(module_name, service)
-        first = ""
-        for name, hint in raw.items():
-            if name.startswith("flywheel_"):
-                first = name
-                out.setdefault(name, hint)
-            elif name.startswith("_") and first:
-                full = _expand(name, first, exported)
+    for module_name in modules:
+        for names, hint in _docstring_rows(module_name, service):
+            for name in names:
+                full = _expand(name, names[0], exported) if name.startswith("_") else name
                 if full:
                     out.setdefault(full, hint)
     return out
@@ -184,9 +176,7 @@ def families(service: str) -> list[Family]:
         exported = {r[0] for r in rows}
         hints = _hints_for(_owner_modules(instance, service), service, exported)
         for series, kind, labels, text in rows:
-            out.append(
-                Family(series, kind, labels, text, hints.get(series, "") or NONE, module.__name__)
-            )
+            out.append(Family(series, kind, labels, text, hints.get(series, "") or NONE))
     return out
 
 

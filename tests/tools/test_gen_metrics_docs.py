@@ -105,6 +105,8 @@ def test_rows_carry_type_labels_help_and_what_to_look_at() -> None:
     # A row whose module table names two series: the short second name is expanded.
     row = next(line for line in text.splitlines() if line.startswith("| `flywheel_buffer_stored_b"))
     assert "backpressure soon" in row
+    row = next(line for line in text.splitlines() if line.startswith("| `flywheel_buffer_accepted"))
+    assert "accepted far below admitted" in row  # `_accepted_groups` replaces three segments
     # The shared outage series appear under each service that calls peers.
     for service in ("rollout", "trainer"):
         assert f"`flywheel_{service}_peer_unavailable_seconds_total`" in text
