@@ -8,6 +8,13 @@ ids are the token ids of prompt and completion, `answer` is the dataset's refere
 decides what a timeout means: the service runs them in worker processes with deadlines
 and reports failures as statuses.
 
+A reference they cannot use is the item's fault, not the completion's: an empty
+`answer`, or one with no value to compare with (no number for `clevr_count` and
+`arithmetic`, nothing math-verify can read as math for `gsm8k`, `math`, `geometry3k`),
+raises `InvalidInput`, which the worker reports as INVALID_INPUT. Scoring against it
+would give a confident 0.0 that says nothing about the completion. It is checked before
+the completion is read; a completion without an answer is a wrong answer (0.0).
+
 Equivalence for math uses `math-verify` with its own timeouts switched off: they rely on
 SIGALRM, and a parser that silently gives up would turn a hang into a wrong "0.0 OK".
 The service's deadline, which kills the worker, is the one timeout; it reports TIMEOUT.
@@ -21,6 +28,7 @@ from functools import lru_cache
 from typing import Any
 
 from services.reward import extract
+from services.reward.errors import InvalidInput
 
 # math-verify warns on every call that its timeouts are off; that is deliberate here.
 logging.getLogger("math_verify").setLevel(logging.ERROR)
@@ -55,17 +63,39 @@ def _parse_gold(s: str) -> tuple[Any, ...]:
     return tuple(_parse(s))
 
 
-def math_equal(gold: str, pred: str) -> bool:
-    """True when math-verify finds `pred` equivalent to `gold` (numbers, fractions,
-    percentages, LaTeX expressions, sets, intervals)."""
-    gold_parsed = list(_parse_gold(gold))
-    if not gold_parsed:
-        # A reference math-verify cannot read: fall back to exact text, never guess.
-        return extract.clean_answer(gold) == extract.clean_answer(pred)
+def unusable_answer(answer: str, why: str) -> InvalidInput:
+    """The error for a reference `answer` that cannot be scored against, `why` saying why
+    (the answer is quoted, cut to 80 characters); an empty one says so."""
+    if not answer.strip():
+        return InvalidInput("answer is empty: there is no reference to score against")
+    shown = answer if len(answer) <= 80 else answer[:77] + "..."
+    return InvalidInput(f"answer {shown!r} {why}")
+
+
+def reference(answer: str, gold: str) -> tuple[Any, ...]:
+    """math-verify's reading of `gold` (the reference value taken from `answer`).
+
+    `InvalidInput` when `gold` is empty or math-verify finds no value in it: its parse
+    then holds the text alone (its fallback), and equivalence would fall back to
+    comparing strings, where a wrong reference cannot be told from a wrong completion."""
+    parsed = _parse_gold(gold) if gold else ()
+    if not any(not isinstance(value, str) for value in parsed):
+        raise unusable_answer(answer, f"has no value math-verify can read (read {gold!r})")
+    return parsed
+
+
+def _verify(gold: tuple[Any, ...], pred: str) -> bool:
     pred_parsed = _parse(pred)
     if not pred_parsed:
         return False
-    return bool(_mv().verify(gold_parsed, pred_parsed, timeout_seconds=None))
+    return bool(_mv().verify(list(gold), pred_parsed, timeout_seconds=None))
+
+
+def math_equal(gold: str, pred: str) -> bool:
+    """True when math-verify finds `pred` equivalent to `gold` (numbers, fractions,
+    percentages, LaTeX expressions, sets, intervals); `InvalidInput` when `gold` has no
+    value (see `reference`)."""
+    return _verify(reference(gold, gold), pred)
 
 
 def _numeric_candidate(candidate: str) -> str:
@@ -86,11 +116,11 @@ def gsm8k_reward(
 ) -> float:
     """1.0 when the final answer (`#### N`, else `\\boxed{N}`, else "the answer is N", else
     the last number) equals the reference after `####` in `answer`, by math-verify."""
+    gold = reference(answer, _numeric_candidate(extract.gsm8k_gold(answer)))
     pred = extract.final_answer(completions)
     if pred is None:
         return 0.0
-    gold = extract.gsm8k_gold(answer)
-    return 1.0 if math_equal(_numeric_candidate(gold), _numeric_candidate(pred)) else 0.0
+    return 1.0 if _verify(gold, _numeric_candidate(pred)) else 0.0
 
 
 def math_reward(
@@ -103,6 +133,7 @@ def math_reward(
 ) -> float:
     """MATH-style: the last `\\boxed{...}` (else the last expression math-verify finds in the
     tail of the completion) against the reference, equivalence by math-verify."""
+    gold = reference(answer, extract.clean_answer(extract.last_boxed(answer) or answer))
     boxed = extract.last_boxed(completions)
     if boxed is not None:
         pred_parsed = _parse(boxed)
@@ -111,11 +142,7 @@ def math_reward(
         pred_parsed = _mv().parse(completions[-extract.TAIL_CHARS :], parsing_timeout=None)
     if not pred_parsed:
         return 0.0
-    gold_src = extract.last_boxed(answer) or answer
-    gold_parsed = list(_parse_gold(extract.clean_answer(gold_src)))
-    if not gold_parsed:
-        return 1.0 if boxed is not None and boxed.strip() == gold_src.strip() else 0.0
-    return 1.0 if _mv().verify(gold_parsed, pred_parsed, timeout_seconds=None) else 0.0
+    return 1.0 if _mv().verify(list(gold), pred_parsed, timeout_seconds=None) else 0.0
 
 
 def exact_match_reward(
@@ -128,8 +155,11 @@ def exact_match_reward(
     **kwargs: Any,
 ) -> float:
     """1.0 when the completion, stripped of surrounding whitespace, is the answer exactly
-    (`ignore_case=True` as a dataset field or config kwarg folds case)."""
+    (`ignore_case=True` as a dataset field or config kwarg folds case); an empty answer
+    is `InvalidInput` (an empty completion would match it)."""
     a, b = completions.strip(), answer.strip()
+    if not b:
+        raise unusable_answer(answer, "is empty")
     if ignore_case:
         a, b = a.casefold(), b.casefold()
     return 1.0 if a == b else 0.0
@@ -146,6 +176,7 @@ def geometry3k_reward(
     """Geometry3K-style: the answer in the last `[...]` (else the last box, else the last
     number), compared with math-verify, so `2\\sqrt{3}` matches `\\sqrt{12}` and `13.33`
     matches `\\frac{40}{3}` to math-verify's rounding."""
+    gold = reference(answer, extract.clean_answer(extract.bracketed_answer(answer) or answer))
     pred = (
         extract.bracketed_answer(completions)
         or extract.last_boxed(completions)
@@ -154,8 +185,7 @@ def geometry3k_reward(
     if pred is None:
         return 0.0
     pred = extract.clean_answer(pred)
-    gold = extract.clean_answer(extract.bracketed_answer(answer) or answer)
-    return 1.0 if pred and math_equal(gold, pred) else 0.0
+    return 1.0 if pred and _verify(gold, pred) else 0.0
 
 
 def clevr_count_reward(
@@ -167,7 +197,11 @@ def clevr_count_reward(
     **kwargs: Any,
 ) -> float:
     """CLEVR-count-style: the count in the last `[N]` (else the last box, else the last
-    number) equals the reference count exactly."""
+    number) equals the reference count exactly; a reference that is not a number is
+    `InvalidInput`."""
+    want = extract.to_fraction(answer)
+    if want is None:
+        raise unusable_answer(answer, "is not a number")
     pred = (
         extract.bracketed_answer(completions)
         or extract.last_boxed(completions)
@@ -176,8 +210,7 @@ def clevr_count_reward(
     if pred is None:
         return 0.0
     got = extract.to_fraction(extract.first_number(pred) or pred)
-    want = extract.to_fraction(answer)
-    return 1.0 if got is not None and want is not None and got == want else 0.0
+    return 1.0 if got is not None and got == want else 0.0
 
 
 _THINK_ANSWER_RE = re.compile(r"\s*<think>.*?</think>\s*<answer>.+?</answer>\s*", re.DOTALL)
@@ -244,10 +277,13 @@ def arithmetic_reward(
 ) -> float:
     """The built-in demo task (generated arithmetic, GSM8K-style `#### N` answers): exact
     rational equality of the final number, no sympy, so the demo's tiny model is scored
-    in microseconds. The reference may be `N` or a worked answer ending in `#### N`."""
+    in microseconds. The reference may be `N` or a worked answer ending in `#### N`; one
+    without a number there is `InvalidInput`."""
+    want = extract.to_fraction(extract.gsm8k_gold(answer))
+    if want is None:
+        raise unusable_answer(answer, "has no number (N or a last line '#### N')")
     pred = extract.final_answer(completions)
     if pred is None:
         return 0.0
     got = extract.to_fraction(extract.first_number(pred) or "")
-    want = extract.to_fraction(extract.gsm8k_gold(answer))
-    return 1.0 if got is not None and want is not None and got == want else 0.0
+    return 1.0 if got is not None and got == want else 0.0

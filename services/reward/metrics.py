@@ -7,6 +7,8 @@
 | `flywheel_reward_queue_items` | gauge | | items waiting for a worker; growing = too few workers |
 | `flywheel_reward_workers_ready` | gauge | | live workers; below the configured count = restarts piling up |
 | `flywheel_reward_worker_restarts_total` | counter | reason | timeout / crash / memory / cpu: which limit the functions hit |
+| `flywheel_reward_worker_start_failures_total` | counter | | workers that could not start (import error, start timeout); gRPC health is NOT_SERVING while none is up |
+| `flywheel_reward_descendants_killed_total` | counter | | processes reward functions started that still ran when their worker was killed or died, killed with it: functions leave helpers running or hang in them |
 | `flywheel_reward_cache_hits_total` | counter | | (with misses) the cache's hit ratio |
 | `flywheel_reward_cache_misses_total` | counter | | |
 | `flywheel_reward_deduplicated_requests_total` | counter | | retries answered from the request-id store |
@@ -68,6 +70,17 @@ class RewardMetrics:
             _n("worker_restarts"),
             "Workers killed or lost and replaced, by reason.",
             ["reason"],
+            registry=r,
+        )
+        self.worker_start_failures = Counter(
+            _n("worker_start_failures"),
+            "Worker processes that failed to start (retried with back-off).",
+            registry=r,
+        )
+        self.descendants_killed = Counter(
+            _n("descendants_killed"),
+            "Processes reward functions started, still running when their worker was "
+            "killed or died, killed with it.",
             registry=r,
         )
         self.cache_hits = Counter(_n("cache_hits"), "Results served from the cache.", registry=r)

@@ -6,11 +6,17 @@ writes one result per item. Chunks amortise the hop without giving up per-item
 deadlines: item k's clock starts when item k-1 finished in the worker (`t1` in its
 result), and the service waits for each result only until that item's deadline.
 
-When a deadline passes the worker's whole process group gets SIGKILL — a hung parser, a
-busy loop in C, a child it forked: all gone — the item is TIMEOUT, the rest of its chunk
-goes back to the front of the queue, and the slot starts a fresh worker. A worker that
-dies (memory limit hit inside native code, a segfault, `os._exit`) costs only the item it
-was running (ERROR, with the exit status) and is replaced the same way.
+When a deadline passes the worker gets SIGKILL with everything its functions started —
+a hung parser, a busy loop in C, a child it forked, a `setsid` helper: all gone — the
+item is TIMEOUT, the rest of its chunk goes back to the front of the queue, and the slot
+starts a fresh worker. A worker that dies (memory limit hit inside native code, a
+segfault, `os._exit`) costs only the item it was running (ERROR, with the exit status)
+and is replaced the same way; one that dies while idle is replaced at once, so
+`ready_workers` counts only live workers.
+
+Readiness is `ready_workers > 0`: the pool tells `on_ready_change` when that flips, so
+the service's gRPC health says NOT_SERVING while no worker is up (for instance while
+none can start: each failed start is counted and retried with back-off).
 
 The queue is bounded: `submit` takes all items of a request or none (`PoolFullError`),
 so overload turns into RESOURCE_EXHAUSTED at the door instead of latency for everyone.
@@ -24,7 +30,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,7 +71,7 @@ class PoolConfig:
 
 @dataclass(frozen=True)
 class TaskResult:
-    status: str  # OK | TIMEOUT | ERROR
+    status: str  # OK | TIMEOUT | ERROR | INVALID_INPUT (raised by the function)
     reward: float
     message: str
     seconds: float  # time the function ran in its worker (until killed, for TIMEOUT)
@@ -113,6 +119,9 @@ class WorkerPool:
         self._closing = False
         self._started = False
         self._last_start_error = ""
+        self._was_ready = False
+        self.on_ready_change: Callable[[bool], None] | None = None
+        """Called with the new value whenever `ready_workers > 0` flips (on the loop)."""
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -150,7 +159,7 @@ class WorkerPool:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await slot_task
         for worker in list(self._workers.values()):
-            await worker.kill()
+            await self._reap(worker)
         self._workers.clear()
         pending = [sent.task for inflight in self._inflight.values() for sent in inflight]
         self._inflight.clear()
@@ -199,6 +208,16 @@ class WorkerPool:
         if self.metrics is not None:
             self.metrics.queue_items.set(len(self._queue))
             self.metrics.workers_ready.set(len(self._workers))
+        ready = bool(self._workers)
+        if ready != self._was_ready:
+            self._was_ready = ready
+            if self.on_ready_change is not None:
+                self.on_ready_change(ready)
+
+    def _wake_slots(self) -> None:
+        """Wake the idle slots (a worker died while waiting for work)."""
+        if self._work is not None:
+            self._work.set()
 
     # --- the queue -----------------------------------------------------------------------
 
@@ -216,13 +235,16 @@ class WorkerPool:
         self._update_gauges()
         return chunk
 
-    async def _take(self) -> list[ScoreTask]:
-        """Wait until there is work (or the pool closes), then take a share."""
+    async def _take(self, worker: WorkerProcess) -> list[ScoreTask] | None:
+        """Wait until there is work (or the pool closes), then take a share; None, with
+        nothing taken, when `worker` dies meanwhile."""
         assert self._work is not None
         while not self._queue and not self._closing:
+            if worker.gone:
+                return None
             self._work.clear()
             await self._work.wait()
-        return self._take_nowait()
+        return None if worker.gone else self._take_nowait()
 
     def _requeue(self, tasks: Sequence[ScoreTask]) -> None:
         """Put tasks a dead worker had not started back at the front, in order."""
@@ -247,6 +269,8 @@ class WorkerPool:
             except Exception as exc:  # noqa: BLE001 - reported and retried with backoff
                 failures += 1
                 self._last_start_error = f"{type(exc).__name__}: {exc}"
+                if self.metrics is not None:
+                    self.metrics.worker_start_failures.inc()
                 log.error(
                     "reward worker failed to start",
                     extra={"slot": slot, "error": self._last_start_error},
@@ -255,6 +279,7 @@ class WorkerPool:
                     self._fail_queued(f"no reward worker could start: {self._last_start_error}")
                 await asyncio.sleep(min(30.0, 0.5 * 2 ** min(failures, 6)))
                 continue
+            worker.protocol.on_gone = self._wake_slots
             self._workers[slot] = worker
             self._update_gauges()
             try:
@@ -263,7 +288,7 @@ class WorkerPool:
                 if self._workers.get(slot) is worker:
                     del self._workers[slot]
                     self._update_gauges()
-                    await worker.kill()
+                    await self._reap(worker)
 
     async def _spawn(self) -> WorkerProcess:
         c = self.config
@@ -274,6 +299,24 @@ class WorkerPool:
             warmup=c.warmup,
             start_timeout_s=c.start_timeout_s,
         )
+
+    async def _reap(self, worker: WorkerProcess, *, kill: bool = True) -> int | None:
+        """Kill (unless already killed) and reap `worker`; count the processes its
+        functions started that were still running (killed with it). Returns the exit
+        status."""
+        code = await (worker.kill() if kill else worker.wait())
+        self._count_descendants(worker)
+        return code
+
+    def _count_descendants(self, worker: WorkerProcess) -> None:
+        if worker.descendants_killed:
+            log.warning(
+                "processes started by reward functions killed with their worker",
+                extra={"pid": worker.pid, "processes": worker.descendants_killed},
+            )
+            if self.metrics is not None:
+                self.metrics.descendants_killed.inc(worker.descendants_killed)
+            worker.descendants_killed = 0
 
     def _take_out(self, slot: int, worker: WorkerProcess, reason: str) -> None:
         """Remove the worker from service and count the restart. Done before the failed
@@ -320,7 +363,19 @@ class WorkerPool:
         try:
             while not self._closing:
                 if len(inflight) < self.config.max_chunk:
-                    chunk = await self._take() if not inflight else self._take_nowait()
+                    if inflight:
+                        chunk = self._take_nowait()
+                    else:
+                        taken = await self._take(worker)
+                        if taken is None:  # died while idle (kill -9, the OOM killer)
+                            self._take_out(slot, worker, "crash")
+                            code = await self._reap(worker)
+                            log.warning(
+                                "idle reward worker died; replacing it",
+                                extra={"pid": worker.pid, "exit": describe_exit(code)},
+                            )
+                            return
+                        chunk = taken
                     if chunk:
                         self._send(worker, chunk, inflight)
                 if not inflight:
@@ -340,6 +395,7 @@ class WorkerPool:
                     # deadline plus a signal, not for the kernel to free a large heap.
                     self._take_out(slot, worker, "timeout")
                     worker.send_kill()
+                    self._count_descendants(worker)
                     inflight.popleft()
                     self._requeue([s.task for s in inflight])
                     inflight.clear()
@@ -354,11 +410,11 @@ class WorkerPool:
                             elapsed,
                         ),
                     )
-                    await worker.wait()
+                    await self._reap(worker, kill=False)
                     return
                 except (WorkerGone, ConnectionError, ProtocolError) as exc:
                     self._take_out(slot, worker, "crash")
-                    code = await worker.kill()
+                    code = await self._reap(worker)
                     inflight.popleft()
                     self._requeue([s.task for s in inflight])
                     inflight.clear()
@@ -385,7 +441,7 @@ class WorkerPool:
                 if result.get("restart"):
                     # The worker broke a limit, reported it and exits: replace it first.
                     self._take_out(slot, worker, result.get("reason") or "limit")
-                    await worker.kill()
+                    await self._reap(worker)
                     self._requeue([s.task for s in inflight])
                     inflight.clear()
                     self._finish(head.task, outcome)

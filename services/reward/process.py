@@ -2,24 +2,67 @@
 
 The service reads the worker's stdout through an asyncio protocol that cuts the bytes
 into frames as they arrive (`FrameParser`), so results that arrive together cost one
-wake-up. Killing is SIGKILL to the worker's process group, then reaping.
+wake-up. Killing stops the worker, SIGKILLs everything it started (in any session or
+process group: the worker is a child subreaper, see `services.reward.reaper`), then its
+process group, then reaps it; a service that is a subreaper itself (`enable_subreaper`)
+also kills and reaps what a worker that died on its own left behind.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from services.reward import reaper
 from services.reward.protocol import FrameParser, ProtocolError, encode_frame
 
+log = logging.getLogger(__name__)
+
 PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
+ORPHAN_REAP_TIMEOUT_S = 5.0
+
+_subreaper = False
+_live_workers: set[int] = set()  # spawned and not yet reaped: never an orphan to collect
+_spawning = 0  # spawns between fork and registration: collection waits for them
+
+
+def enable_subreaper() -> bool:
+    """Make this process the subreaper of its workers' orphans and collect them after each
+    worker's death (`collect_orphans`). Only for a process whose children are all
+    reward workers (`python -m services.reward`): any other child would count as an
+    orphan and be killed. False where Linux's prctl is not available."""
+    global _subreaper
+    _subreaper = reaper.become_subreaper()
+    return _subreaper
+
+
+async def collect_orphans(killed: set[tuple[int, int]] | None = None) -> int:
+    """Kill and reap this process's children that are not live workers (what a dead worker
+    left behind, adopted as its subreaper); returns how many were killed now (`killed`,
+    updated, holds those killed before). A no-op unless `enable_subreaper` succeeded."""
+    if not _subreaper:
+        return 0
+    killed = killed if killed is not None else set()
+    before = len(killed)
+    deadline = time.monotonic() + ORPHAN_REAP_TIMEOUT_S
+    while True:
+        # A worker between fork and registration would look like an orphan: wait for it.
+        if not _spawning and reaper.reap_orphans(_live_workers, killed) == 0:
+            return len(killed) - before
+        if time.monotonic() > deadline:
+            log.warning("orphans of a reward worker not reaped yet", extra={"killed": len(killed)})
+            return len(killed) - before
+        await asyncio.sleep(0.01)
 
 
 class WorkerGone(Exception):
@@ -36,6 +79,7 @@ class _WorkerProtocol(asyncio.SubprocessProtocol):
         self.closed = False
         self._waiter: asyncio.Future[None] | None = None
         self.exited: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.on_gone: Callable[[], None] | None = None  # the pool's wake-up for an idle slot
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
@@ -54,12 +98,16 @@ class _WorkerProtocol(asyncio.SubprocessProtocol):
         if fd == 1:
             self.closed = True
             self._wake()
+            if self.on_gone is not None:
+                self.on_gone()
 
     def process_exited(self) -> None:
         self.closed = True
         self._wake()
         if not self.exited.done():
             self.exited.set_result(None)
+        if self.on_gone is not None:
+            self.on_gone()
 
     async def next_frame(self) -> dict[str, Any]:
         while not self.frames:
@@ -79,9 +127,20 @@ class WorkerProcess:
         self.transport = transport
         self.protocol = protocol
         self.pid: int = transport.get_pid()
+        info = reaper.read_proc(self.pid)
+        self.start_time = info.start if info is not None else None
+        self.descendants_killed = 0  # processes its functions started, killed with it
+        self._killed: set[tuple[int, int]] = set()  # the same, by (pid, start time)
         stdin = transport.get_pipe_transport(0)
         assert isinstance(stdin, asyncio.WriteTransport)
         self.stdin = stdin
+        _live_workers.add(self.pid)
+        protocol.exited.add_done_callback(lambda _: _live_workers.discard(self.pid))
+
+    @property
+    def gone(self) -> bool:
+        """The worker exited or closed its output: it can score nothing more."""
+        return self.protocol.closed
 
     def send(self, frame: bytes) -> None:
         """Queue a frame on the worker's stdin (the transport writes it as the pipe drains)."""
@@ -94,17 +153,31 @@ class WorkerProcess:
         return await self.protocol.next_frame()
 
     def send_kill(self) -> None:
-        """SIGKILL the worker's process group (it leads its own session): the function,
-        and anything it forked, stop now; reaping can follow."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError):
-            self.transport.kill()
+        """Kill the worker and everything its functions started; reaping can follow.
+
+        SIGSTOP to its process group first (the function can start nothing more), then
+        SIGKILL to every descendant, whatever session or group it moved to (they are all
+        below the worker: it is their subreaper), then SIGKILL to the group, which the
+        worker leads (a session leader cannot leave its group).
+
+        Not `transport.kill()`: Popen.send_signal polls first, and a poll that finds the
+        worker already exited reaps it in this thread, under the child watcher that
+        waits for it; the watcher then reports exit status 255 instead of the real one."""
+        if self.transport.get_returncode() is None:  # not reaped: the pid is still ours
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGSTOP)
+            self.descendants_killed += reaper.kill_descendants(
+                self.pid, self.start_time, self._killed
+            )
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)
 
     async def wait(self) -> int | None:
+        """Reap the worker, then (in a subreaper service) what it left behind."""
         await self.protocol.exited
         code = self.transport.get_returncode()
         self.transport.close()
+        self.descendants_killed += await collect_orphans(self._killed)
         return code
 
     async def kill(self) -> int | None:
@@ -166,19 +239,24 @@ async def spawn_worker(
     # Few malloc arenas: each one reserves address space, which RLIMIT_AS counts.
     env.setdefault("MALLOC_ARENA_MAX", "2")
     env["FLYWHEEL_REWARD_SERVICE_PID"] = str(os.getpid())  # see worker._die_with_parent
-    transport, protocol = await asyncio.get_running_loop().subprocess_exec(
-        _WorkerProtocol,
-        sys.executable,
-        "-m",
-        "services.reward.worker",
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=None,
-        start_new_session=True,
-        env=env,
-        cwd=PROJECT_ROOT,
-    )
-    worker = WorkerProcess(transport, protocol)
+    global _spawning
+    _spawning += 1
+    try:
+        transport, protocol = await asyncio.get_running_loop().subprocess_exec(
+            _WorkerProtocol,
+            sys.executable,
+            "-m",
+            "services.reward.worker",
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=None,
+            start_new_session=True,
+            env=env,
+            cwd=PROJECT_ROOT,
+        )
+        worker = WorkerProcess(transport, protocol)
+    finally:
+        _spawning -= 1
     try:
         worker.send(
             encode_frame(

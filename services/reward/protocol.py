@@ -14,8 +14,9 @@ Service → worker:
      "prompt_ids": [int], "completion_ids": [int], "answer": str, "kwargs": {...}}]}
 Worker → service:
     {"op": "ready", "pid": int}
-    {"op": "result", "id": int, "status": "OK"|"ERROR", "reward": float, "message": str,
-     "t0": float, "t1": float, "restart": bool, "reason": str}   # one per item, in order
+    {"op": "result", "id": int, "status": "OK"|"ERROR"|"INVALID_INPUT", "reward": float,
+     "message": str, "t0": float, "t1": float, "restart": bool, "reason": str}
+                                                      # one per item, in order
 `t0`/`t1` are `time.monotonic()` in the worker (CLOCK_MONOTONIC is system-wide on Linux),
 so the service knows when the next item of a chunk started and can time its deadline.
 """

@@ -4,6 +4,11 @@ Start order matters for readiness: the workers start (and import and warm up the
 verifiers) before the gRPC server reports SERVING, so the first ScoreBatch a rollout
 sends is not charged with sympy's import time. Stop order is the reverse: NOT_SERVING,
 drain in-flight RPCs, then kill the workers.
+
+Readiness has one definition, `ready()`: not stopping and at least one worker up. Both
+`/readyz` and the gRPC health follow it; the pool reports each change, so health turns
+NOT_SERVING while no worker can start (or the only one is being replaced) and SERVING
+again once one is up. A liveness probe that only asks for an answer is not affected.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from services.common.http_app import MetricsServer
 from services.common.metrics import new_registry
 from services.reward.metrics import RewardMetrics
 from services.reward.pool import PoolConfig, WorkerPool
+from services.reward.process import enable_subreaper
 from services.reward.registry import BUILTINS, RewardRegistry
 from services.reward.servicer import RewardServicer
 
@@ -83,6 +89,7 @@ class RewardService:
         self.prom = new_registry()
         self.metrics = RewardMetrics(self.prom)
         self.pool = WorkerPool(pool_config(r, self.registry), self.metrics)
+        self.pool.on_ready_change = self._workers_changed
         self.servicer = RewardServicer(r, self.registry, self.pool, self.metrics)
         self.server = ServiceServer(
             "reward",
@@ -105,6 +112,9 @@ class RewardService:
     def ready(self) -> bool:
         return not self._stopping and self.pool.ready_workers > 0
 
+    def _workers_changed(self, _any_ready: bool) -> None:
+        self.server.set_serving(self.ready())
+
     @property
     def port(self) -> int:
         return self.server.port
@@ -122,6 +132,7 @@ class RewardService:
         if self.http is not None:
             self.http.start()
         port = await self.server.start()
+        self.server.set_serving(self.ready())  # start() says SERVING; a worker may have died
         log.info(
             "reward service serving",
             extra={
@@ -140,7 +151,12 @@ class RewardService:
             self.http.stop()
 
     async def serve_forever(self) -> None:
-        """Run until SIGTERM/SIGINT, then drain and stop."""
+        """Run until SIGTERM/SIGINT, then drain and stop.
+
+        The process that serves forever is the reward service's own, whose only children
+        are its workers: it becomes their subreaper, so whatever a worker that died on its
+        own had started is killed and reaped too (`services.reward.reaper`)."""
+        enable_subreaper()
         await self.start()
         self.server.install_signal_handlers()
         await self.server.wait_for_termination()

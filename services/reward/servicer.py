@@ -5,9 +5,10 @@ is refused (a gRPC status) when the caller asked for something the service will 
 more items than `max_batch`, an unknown function, a negative or oversized deadline, a
 request_id reused for other content (INVALID_ARGUMENT); or when it cannot take the work
 now (RESOURCE_EXHAUSTED with a `retry-after-ms` trailer; UNAVAILABLE while stopping).
-Everything about one completion — invalid UTF-8, too large, bad kwargs JSON, a function
-that raised, timed out or blew its limits — is that item's status, with a message, and
-its neighbours are scored normally. Nothing becomes a silent 0.0: the caller's
+Everything about one completion — invalid UTF-8, too large, bad kwargs JSON (NaN and
+Infinity included: JSON has neither), a reference answer the function cannot read, a
+function that raised, timed out or blew its limits — is that item's status, with a
+message, and its neighbours are scored normally. Nothing becomes a silent 0.0: the caller's
 `on_failure` policy decides what a failed item is worth.
 """
 
@@ -17,6 +18,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -56,6 +58,24 @@ RETRY_AFTER_MS = 200
 
 class InvalidRequest(ValueError):
     """The request as a whole is malformed; the message names the field."""
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999: valid JSON syntax, but no float holds it
+        raise ValueError(f"{text} is out of the range of a float")
+    return value
+
+
+def parse_kwargs_json(text: str) -> Any:
+    """`json.loads`, strict: Python's parser accepts NaN, Infinity and -Infinity (and reads
+    1e999 as inf), none of which is JSON; a function would receive a value no dataset
+    field can hold, so they are refused (ValueError) like any other invalid JSON."""
+    return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
 
 
 @dataclass
@@ -212,8 +232,8 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
                 kwargs.update(self.config.fn_kwargs)
             if item.kwargs_json:
                 try:
-                    fields = json.loads(item.kwargs_json)
-                except json.JSONDecodeError as exc:
+                    fields = parse_kwargs_json(item.kwargs_json)
+                except ValueError as exc:  # JSONDecodeError is one
                     entry.invalid = f"kwargs_json is not valid JSON: {exc}"
                     continue
                 if not isinstance(fields, dict):

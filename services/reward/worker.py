@@ -12,7 +12,15 @@ into an exception). Items are scored one after another; each result is written a
 as it exists, so the service can time the next item's deadline from this one's end.
 
 After a MemoryError or a CPU-limit hit the worker reports the item and exits: its heap
-or interpreter state may be half-broken, and a fresh process is cheap.
+or interpreter state may be half-broken, and a fresh process is cheap. A function that
+raises `InvalidInput` (the built-ins do, for a missing or unreadable reference answer)
+gets INVALID_INPUT for that item; the worker stays.
+
+The worker is a child subreaper: whatever its functions start and orphan (a `setsid`
+helper, a daemon's double fork) is re-parented to it, so the service finds and kills it
+with the worker (`services.reward.reaper`). An adopted process that exits stays a zombie
+until the worker is replaced: reaping by `waitpid(-1)` here would also take the exit
+statuses of the function's own `subprocess` children.
 """
 
 from __future__ import annotations
@@ -27,7 +35,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from services.reward.errors import InvalidInput
 from services.reward.protocol import read_frame_fd, write_frame_fd
+from services.reward.reaper import become_subreaper
 from services.reward.registry import load_callable
 
 MAX_MESSAGE_CHARS = 2000
@@ -130,6 +140,8 @@ class Worker:
         except CpuLimitExceeded:
             status, restart, reason = "ERROR", True, "cpu"
             message = f"CpuLimitExceeded: call used more than {self.cpu_seconds:g} CPU seconds"
+        except InvalidInput as exc:
+            status, message = "INVALID_INPUT", _describe(exc)
         except BaseException as exc:  # noqa: BLE001 - user code may raise anything, even SystemExit
             status, message = "ERROR", _describe(exc)
         return {
@@ -189,6 +201,7 @@ def _take_private_fds() -> tuple[int, int]:
 
 def main() -> int:
     _die_with_parent()
+    become_subreaper()  # before any user code runs: nothing it starts escapes the worker
     proto_in, proto_out = _take_private_fds()
     init = read_frame_fd(proto_in)
     if init is None or init.get("op") != "init":

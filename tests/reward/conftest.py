@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Coroutine, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -99,6 +101,40 @@ def process_identity(pid: int) -> tuple[int, int] | None:
     return pid, int(fields[19])  # field 22 of proc(5): starttime
 
 
+@dataclass(frozen=True)
+class Started:
+    """A process `faulty.starts_helpers` reported: who it is and where it was."""
+
+    pid: int
+    start: int
+    ppid: int
+    sid: int
+
+    @property
+    def identity(self) -> tuple[int, int]:
+        return self.pid, self.start
+
+
+def read_started(path: Path) -> tuple[Started, Started, Started]:
+    """The own-session helper, the orphaned helper and the worker, as the function wrote
+    them to `path`."""
+    own, orphan, worker = (
+        Started(*map(int, line.split())) for line in path.read_text().splitlines()
+    )
+    return own, orphan, worker
+
+
+def wait_gone(identities: list[tuple[int, int]], timeout: float = 30.0) -> list[tuple[int, int]]:
+    """Wait (bounded) until none of these processes runs; returns those still running.
+    SIGKILL takes effect when the kernel next schedules the process, not at once."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = [i for i in identities if process_identity(i[0]) == i]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.02)
+
+
 def service_config(**overrides: Any) -> RewardConfig:
     """The test service: gsm8k by default, the misbehaving functions registered by name."""
     base: dict[str, Any] = {
@@ -121,6 +157,7 @@ def service_config(**overrides: Any) -> RewardConfig:
                 "returns_text",
                 "prints_and_scores",
                 "echo_kwargs",
+                "refuses_answer",
             )
         },
     }

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 import time
+from pathlib import Path
 from typing import Any
+
+from services.reward.errors import InvalidInput
 
 
 def raises(
@@ -130,3 +134,62 @@ def echo_kwargs(
     """Reward = the dataset field `weight` times the number of prompt ids (checks that
     ids and kwargs arrive intact)."""
     return float(kwargs.get("weight", 0.0)) * len(prompt_ids) + (1.0 if prompt == "p" else 0.0)
+
+
+def refuses_answer(
+    prompt: str,
+    completions: str,
+    prompt_ids: list[int],
+    completion_ids: list[int],
+    answer: str,
+    **kwargs: Any,
+) -> float:
+    """A user function that finds the item's reference unusable, as the contract allows."""
+    raise InvalidInput(f"answer {answer!r} names no test case")
+
+
+def _stat_line(pid: int) -> str:
+    """`pid start ppid sid` of a live process, from /proc/<pid>/stat (proc(5) fields 1, 22,
+    4, 6)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return f"{pid} {fields[19]} {fields[1]} {fields[3]}"
+
+
+def starts_helpers(
+    prompt: str,
+    completions: str,
+    prompt_ids: list[int],
+    completion_ids: list[int],
+    answer: str,
+    pid_file: str = "",
+    then: str = "hang",
+    **kwargs: Any,
+) -> float:
+    """Starts two `sleep 600` out of reach of a kill of the worker's process group: one in
+    a session of its own (`start_new_session=True`), one left behind by a shell that ran
+    it in the background and exited (so it is orphaned: its parent is now whoever reaps
+    orphans). Writes `pid start ppid sid` of each, then of the worker itself, to
+    `pid_file`; then hangs (`then="hang"`) or ends the worker (`then="exit"`)."""
+    own_session = subprocess.Popen(
+        ["sleep", "600"],
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    shell = subprocess.run(
+        ["sh", "-c", "sleep 600 </dev/null >/dev/null 2>&1 & echo $!"],
+        start_new_session=True,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    orphan = int(shell.stdout)
+    lines = [_stat_line(pid) for pid in (own_session.pid, orphan, os.getpid())]
+    tmp = Path(pid_file + ".tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.rename(pid_file)  # whole or absent, for a reader polling it
+    if then == "exit":
+        os._exit(5)
+    time.sleep(3600)
+    return 1.0

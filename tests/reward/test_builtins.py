@@ -2,15 +2,19 @@
 
 The GSM8K cases are completions in the forms models actually write (worked solutions,
 dollar amounts, thousands separators, boxed answers, trailing units); the arithmetic
-and format rewards are fuzzed with thousands of random strings (no sympy involved)."""
+and format rewards are fuzzed with thousands of random strings (no sympy involved). A
+reference answer that is missing or unreadable is InvalidInput, never a silent 0.0."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from services.reward import builtins as b
+from services.reward.errors import InvalidInput
 
 GSM8K_GOLD = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n48+24 = <<48+24=72>>72\n#### 72"
 
@@ -123,15 +127,81 @@ def test_arithmetic_demo_reward() -> None:
     assert call(b.arithmetic_reward, "####", "#### 46", prompt="12+34=") == 0.0
 
 
+@pytest.mark.parametrize(
+    ("fn", "answer", "why"),
+    [
+        (b.gsm8k_reward, "", "answer is empty"),
+        (b.gsm8k_reward, " \n", "answer is empty"),
+        (b.gsm8k_reward, "#### ", "has no value math-verify can read (read '####')"),
+        (b.gsm8k_reward, "{", "has no value math-verify can read"),
+        (b.math_reward, "", "answer is empty"),
+        (b.math_reward, "\\boxed{}", "has no value math-verify can read"),
+        (b.math_reward, "}{", "has no value math-verify can read"),
+        (b.geometry3k_reward, "", "answer is empty"),
+        (b.geometry3k_reward, "{", "has no value math-verify can read"),
+        (b.clevr_count_reward, "", "answer is empty"),
+        (b.clevr_count_reward, "five", "'five' is not a number"),
+        (b.arithmetic_reward, "", "answer is empty"),
+        (b.arithmetic_reward, "#### seven", "has no number"),
+        (b.exact_match_reward, "  ", "answer is empty"),
+    ],
+)
+def test_a_missing_or_unreadable_reference_is_invalid_input(fn, answer: str, why: str) -> None:  # type: ignore[no-untyped-def]
+    # Whatever the completion says, even nothing at all: the item, not the completion, is bad.
+    for completion in ("#### 72\n\\boxed{72} [72]", "", "no answer here"):
+        with pytest.raises(InvalidInput, match=re.escape(why)):
+            call(fn, completion, answer)
+
+
+@pytest.mark.parametrize(
+    ("fn", "answer"),
+    [
+        (b.gsm8k_reward, GSM8K_GOLD),
+        (b.math_reward, "\\frac{1}{2}"),
+        (b.geometry3k_reward, "\\sqrt{12}"),
+        (b.clevr_count_reward, "5"),
+        (b.arithmetic_reward, "#### 46"),
+        (b.exact_match_reward, "Paris"),
+    ],
+)
+def test_a_completion_without_an_answer_scores_zero(fn, answer: str) -> None:  # type: ignore[no-untyped-def]
+    # The reference is fine: a completion that gives no answer is wrong, not invalid.
+    assert call(fn, "", answer) == 0.0
+    assert call(fn, "I cannot solve this.", answer) == 0.0
+
+
+def test_a_long_unreadable_reference_is_quoted_cut_short() -> None:
+    with pytest.raises(InvalidInput) as err:
+        call(b.clevr_count_reward, "[3]", "x" * 500)
+    assert str(err.value) == f"answer {'x' * 77 + '...'!r} is not a number"
+
+
 FUZZ = settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 anything = st.text(max_size=200)
 
 
 @FUZZ
 @given(completion=anything, answer=anything, prompt=anything)
-def test_fuzz_sympy_free_rewards_are_zero_or_one(completion: str, answer: str, prompt: str) -> None:
-    for fn in (b.arithmetic_reward, b.clevr_count_reward, b.exact_match_reward, b.format_reward):
-        assert call(fn, completion, answer, prompt=prompt) in (0.0, 1.0)
+def test_fuzz_sympy_free_rewards_are_zero_one_or_invalid_input(
+    completion: str, answer: str, prompt: str
+) -> None:
+    assert call(b.format_reward, completion, answer, prompt=prompt) in (0.0, 1.0)  # no reference
+    for fn in (b.arithmetic_reward, b.clevr_count_reward, b.exact_match_reward):
+        try:
+            assert call(fn, completion, answer, prompt=prompt) in (0.0, 1.0)
+        except InvalidInput as exc:
+            assert str(exc).startswith("answer ")
+
+
+@FUZZ
+@given(completion=anything, n=st.integers(-(10**9), 10**9))
+def test_fuzz_a_numeric_reference_is_never_invalid(completion: str, n: int) -> None:
+    for fn, answer in (
+        (b.arithmetic_reward, f"#### {n}"),
+        (b.clevr_count_reward, str(n)),
+        (b.exact_match_reward, str(n)),
+    ):
+        assert call(fn, completion, answer) in (0.0, 1.0)
 
 
 @settings(max_examples=200, deadline=None)

@@ -1,10 +1,16 @@
 """Worker pool internals (`services/reward/pool.py`) with real worker processes: the rest
 of a chunk survives a timeout, the per-call CPU limit, the atomic queue bound, close().
+Also: what a function starts in other sessions dies with its worker, a worker killed while
+idle is replaced at once, and readiness changes are reported.
 (The faults as a user meets them, through gRPC, are in test_servicer.py.)"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
+from pathlib import Path
 
 import pytest
 
@@ -16,7 +22,7 @@ from services.reward.pool import (
     ScoreTask,
     WorkerPool,
 )
-from tests.reward.conftest import process_identity
+from tests.reward.conftest import process_identity, read_started, wait_gone
 
 pytestmark = pytest.mark.integration
 
@@ -126,3 +132,68 @@ async def test_print_from_a_function_does_not_break_the_protocol() -> None:
         assert [r.reward for r in results] == [2.0] * 3  # len(completion_ids) = 2
     finally:
         await pool.close()
+
+
+def kill_if_alive(identities: list[tuple[int, int]]) -> None:
+    """Cleanup after a failed assertion: no `sleep 600` outlives the test."""
+    for pid, start in identities:
+        if process_identity(pid) == (pid, start):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+async def test_deadline_kills_what_the_function_started_in_other_sessions(
+    tmp_path: Path,
+) -> None:
+    # Issue 17: the deadline's kill of the worker's process group missed helpers that a
+    # function put in a session of their own, and orphans a shell left behind.
+    pool, metrics = await started()
+    pid_file = tmp_path / "pids"
+    helpers: list[tuple[int, int]] = []
+    try:
+        [worker_pid] = pool.worker_pids()
+        [res] = await pool.score(
+            [task(f"{FAULTY}:starts_helpers", deadline_s=5.0, pid_file=str(pid_file))]
+        )
+        assert res.status == "TIMEOUT"
+        own, orphan, worker = read_started(pid_file)
+        helpers = [own.identity, orphan.identity]
+        assert worker.pid == worker_pid and worker.sid == worker_pid  # it leads its session
+        # Out of the process-group kill's reach: each in a session that is not the worker's.
+        assert own.sid == own.pid and orphan.sid not in (worker_pid, own.sid)
+        # The orphan was adopted by the worker (its subreaper), not by init: findable.
+        assert orphan.ppid == worker_pid
+        assert await asyncio.to_thread(wait_gone, [*helpers, worker.identity]) == []
+        assert metrics.descendants_killed._value.get() == 2
+        [after] = await pool.score([task()])  # a fresh worker scores
+        assert (after.status, after.reward) == ("OK", 1.0)
+    finally:
+        await pool.close()
+        kill_if_alive(helpers)
+
+
+async def test_a_worker_killed_while_idle_is_replaced_and_readiness_follows() -> None:
+    changes: list[bool] = []
+    metrics = RewardMetrics()
+    pool = WorkerPool(
+        PoolConfig(num_workers=1, memory_bytes=1 << 30, cpu_seconds=0.0, preload=(ARITH,)),
+        metrics,
+    )
+    pool.on_ready_change = changes.append
+    await pool.start()
+    try:
+        [first_pid] = pool.worker_pids()
+        first = process_identity(first_pid)
+        assert changes == [True]
+        os.kill(first_pid, signal.SIGKILL)  # as the OOM killer would, with no item running
+        async with asyncio.timeout(60):
+            while changes != [True, False, True]:  # taken out at once, then replaced
+                await asyncio.sleep(0.02)
+        [second_pid] = pool.worker_pids()
+        assert process_identity(second_pid) != first
+        assert metrics.worker_restarts.labels(reason="crash")._value.get() == 1
+        [res] = await pool.score([task()])
+        assert (res.status, res.reward) == ("OK", 1.0)
+    finally:
+        await pool.close()
+    assert changes[-1] is False  # closed: no worker

@@ -228,6 +228,58 @@ def test_bad_kwargs_are_invalid_input_for_that_item(svc: RunningReward) -> None:
     assert "clash" in results[2].message
 
 
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ('{"weight": NaN}', "NaN is not a JSON value"),
+        ('{"weight": Infinity}', "Infinity is not a JSON value"),
+        ('{"weight": [1, -Infinity]}', "-Infinity is not a JSON value"),
+        ('{"weight": 1e999}', "1e999 is out of the range of a float"),
+    ],
+)
+def test_nan_and_infinity_in_kwargs_are_invalid_input(
+    svc: RunningReward, text: str, why: str
+) -> None:
+    # Issue 17: Python's json.loads accepts these; JSON (RFC 8259, section 6) has no NaN
+    # or Infinity, and 1e999 is no float. Before, such an item reached the worker
+    # encoder and came back ERROR; the control item shows the neighbours unharmed.
+    bad = item("x", fn="echo_kwargs")
+    bad.kwargs_json = text
+    results = batch(svc, [bad, item("x", fn="echo_kwargs", weight=1.5)])
+    assert results[0].status == S.REWARD_STATUS_INVALID_INPUT
+    assert f"kwargs_json is not valid JSON: {why}" in results[0].message
+    assert (results[1].status, results[1].reward) == (S.REWARD_STATUS_OK, 4.0)
+
+
+def test_a_missing_or_unreadable_reference_is_invalid_input(svc: RunningReward) -> None:
+    # Issue 17: an empty or unreadable reference used to score a silent OK 0.0. A
+    # completion without an answer, against a good reference, is still OK 0.0.
+    results = batch(
+        svc,
+        [
+            item("#### 10", answer=""),
+            item("#### 10", answer="#### "),
+            item("\\boxed{10}", answer="\\boxed{}", fn="math"),
+            item("[3]", answer="three", fn="clevr_count"),
+            item("#### 10", fn="refuses_answer"),
+            item("I cannot solve this.", GOLD),
+            item("#### 10", GOLD),
+        ],
+    )
+    assert [r.status for r in results] == [S.REWARD_STATUS_INVALID_INPUT] * 5 + [
+        S.REWARD_STATUS_OK
+    ] * 2
+    assert (
+        results[0].message
+        == "InvalidInput: answer is empty: there is no reference to score against"
+    )
+    assert "has no value math-verify can read (read '####')" in results[1].message
+    assert "has no value math-verify can read" in results[2].message
+    assert results[3].message == "InvalidInput: answer 'three' is not a number"
+    assert results[4].message == "InvalidInput: answer '10' names no test case"
+    assert [r.reward for r in results] == [0.0] * 6 + [1.0]
+
+
 # --- requests refused as a whole ------------------------------------------------------------
 
 
