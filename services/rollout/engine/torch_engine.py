@@ -139,7 +139,8 @@ class TorchEngine(InferenceEngine):
 
         kwargs: dict[str, Any] = {"attn_implementation": "sdpa"}
         if self.dtype_name:
-            kwargs["torch_dtype"] = getattr(torch, self.dtype_name)
+            # `dtype`, not `torch_dtype`: transformers 5 deprecates the old name.
+            kwargs["dtype"] = getattr(torch, self.dtype_name)
         model = AutoModelForCausalLM.from_pretrained(resolve_model_path(self.model_path), **kwargs)
         model.to(self.device).eval()  # type: ignore[arg-type]
         model.requires_grad_(False)
