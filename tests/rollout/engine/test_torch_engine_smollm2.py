@@ -15,6 +15,9 @@ figure the issue asks for.
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -22,7 +25,15 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from services.common.weights import WeightAssembler, iter_weight_chunks, make_manifest, save_weights
+from services.common.weights import (
+    TensorSpec,
+    WeightAssembler,
+    WeightManifest,
+    iter_weight_chunks,
+    make_manifest,
+    save_weights,
+    state_dict_checksum,
+)
 from services.rollout.engine.torch_engine import TorchEngine, load_tokenizer
 from services.rollout.types import SamplingParams
 from tests import smollm2
@@ -196,3 +207,66 @@ async def test_engine_logprobs_equal_trainer_recompute_and_follow_an_update(
     got = engine.current_weights()
     assert all(torch.equal(got[n], sd2[n]) for n in sd2)
     print(f"max |engine - trainer| logprob at version 0: {worst:.2e}")
+
+
+async def test_distributed_update_leaves_the_replica_bit_identical_to_the_trainer(
+    engine: TorchEngine,
+    model_dir: Path,
+    prompts: list[list[int]],
+    tmp_path: Path,
+) -> None:
+    """The `distributed` transport (torch.distributed broadcast over gloo): the trainer, in
+    its own process, takes an AdamW step and broadcasts its full state dict in 16 MB
+    buckets; the replica's parameters then hash to the trainer's manifest checksum, a
+    SHA-256 over every tensor's bytes, i.e. they are the trainer's bits."""
+    from services.trainer.dist import free_port
+
+    g = torch.Generator().manual_seed(0)
+    outputs = [torch.randint(3, 49152, (6,), generator=g).tolist() for _ in prompts]
+    spec = {
+        "model_dir": str(model_dir),
+        "prompts": prompts,
+        "outputs": outputs,
+        "port": free_port(),
+        "bucket_bytes": 16 << 20,
+        "out": str(tmp_path),
+    }
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    before = state_dict_checksum(engine.current_weights())
+    sender = subprocess.Popen(
+        [
+            sys.executable,
+            str(Path(__file__).with_name("smollm2_trainer_sender.py")),
+            str(tmp_path / "spec.json"),
+        ]
+    )
+    try:
+        while not (tmp_path / "manifest.json").exists():  # the trainer loads and steps
+            assert sender.poll() is None, f"the trainer side exited with {sender.returncode}"
+            await asyncio.sleep(0.5)
+        sent = json.loads((tmp_path / "manifest.json").read_text())
+        manifest = WeightManifest.from_json(sent["manifest"])
+        specs = [TensorSpec(n, d, tuple(s)) for n, d, s in sent["specs"]]
+        assert [s.name for s in specs] == sorted(engine.current_weights())  # tied: once
+        assert manifest.checksum != before  # the step changed the weights
+        await engine.init_weights_group(
+            master_address="127.0.0.1",
+            master_port=spec["port"],
+            rank=1,
+            world_size=2,
+            backend="gloo",
+            group_name="flywheel_weights",
+        )
+        r = await engine.update_weights_from_distributed(manifest, specs, sent["bucket_bytes"])
+        assert r.ok and r.version == 1
+        assert state_dict_checksum(engine.current_weights()) == manifest.checksum
+        assert (
+            engine.model.lm_head.weight.data_ptr()
+            == engine.model.model.embed_tokens.weight.data_ptr()
+        )
+        await engine.close_weights_group()
+        assert await asyncio.to_thread(sender.wait, 300) == 0
+    finally:
+        if sender.poll() is None:
+            sender.kill()
+            sender.wait()
