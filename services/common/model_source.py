@@ -304,6 +304,20 @@ def resolve_model_path(
     return str(target)
 
 
+def load_tokenizer(path: str | os.PathLike[str]) -> Any:
+    """`PreTrainedTokenizerFast` when the directory has a `tokenizer.json` (ids exactly as
+    trained), else `AutoTokenizer`. `AutoTokenizer` may build the model type's own class
+    instead, whose pre-tokenizer can differ (transformers 5 does so even when
+    `tokenizer_config.json` names the generic class: the tiny model's Qwen2 type drops its
+    space token). A GGUF source (`pkg:...`, `*.gguf`) loads from its converted directory."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    directory = resolve_model_path(path)
+    if (Path(directory) / "tokenizer.json").is_file():
+        return PreTrainedTokenizerFast.from_pretrained(directory)
+    return AutoTokenizer.from_pretrained(directory)
+
+
 def resolve_config_sources(cfg: Any) -> list[str]:
     """Rewrite every model and tokenizer path of a `FlywheelConfig` that is a GGUF source
     into its converted directory (converting once), so the resolved config that every

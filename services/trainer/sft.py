@@ -87,8 +87,8 @@ def run_sft(cfg: Any) -> dict[str, Any]:
     """Train `cfg.actor` on `cfg.train_dataset`; returns the summary rank 0 writes."""
     import torch
     import torch.distributed as dist
-    from transformers import AutoTokenizer
 
+    from services.common.model_source import load_tokenizer
     from services.rollout.data.datasets import read_rows
     from services.trainer.checkpoint import export_hf
     from services.trainer.dist import init_distributed
@@ -102,7 +102,8 @@ def run_sft(cfg: Any) -> dict[str, Any]:
             "train_dataset.path: SFT needs a JSONL/parquet file of prompts and answers"
         )
     ctx = init_distributed(cfg.trainer.device)
-    tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer_path or cfg.actor.path)
+    # The rollout engines' loader: the same ids as the rollouts, on either transformers major.
+    tokenizer = load_tokenizer(cfg.tokenizer_path or cfg.actor.path)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     ds = cfg.train_dataset
     examples = encode_rows(tokenizer, read_rows(ds.path), ds.prompt_key, ds.answer_key)

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from services.common.model_source import resolve_model_path
+from services.common.model_source import load_tokenizer, resolve_model_path
 from services.common.weights import (
     WeightManifest,
     WeightsError,
@@ -45,18 +45,6 @@ from services.rollout.engine.sampling import RowSampling, sample_next
 from services.rollout.types import Completion, SamplingParams, StopReason
 
 log = logging.getLogger(__name__)
-
-
-def load_tokenizer(path: str | Path) -> Any:
-    """`PreTrainedTokenizerFast` when the directory has a `tokenizer.json` (ids exactly as
-    trained), else `AutoTokenizer`. A GGUF source (`pkg:...`, `*.gguf`) loads from its
-    converted directory."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
-    path = resolve_model_path(path)
-    if (Path(path) / "tokenizer.json").is_file():
-        return PreTrainedTokenizerFast.from_pretrained(str(path))
-    return AutoTokenizer.from_pretrained(str(path))
 
 
 @dataclass(eq=False)
