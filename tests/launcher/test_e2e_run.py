@@ -97,8 +97,8 @@ def test_run_end_to_end_checks_invariants_metrics_and_checkpoint(tmp_path: Path)
 
 
 # A kill -9 of a rollout replica (its restart, the run finishing its steps, the ledger, no
-# group trained twice, every trained group acked once) is one of the faults of the chaos run
-# (tests/chaos/), which checks all of that with five other faults in the same run.
+# group trained twice, every trained group acked once) is tested with each other fault, one
+# short run each, in tests/chaos/test_faults.py.
 
 
 def test_a_starved_trainer_is_diagnosed_and_a_service_dying_too_often_ends_the_run(
