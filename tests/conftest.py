@@ -35,6 +35,7 @@ COMPAT_FILES = (
     "common/test_model_source.py",
     "common/test_weights.py",
     "rollout/engine/test_torch_engine.py",
+    "rollout/engine/test_torch_engine_smollm2.py",
     "rollout/engine/test_runners.py",
     "rollout/engine/test_sampling.py",
     "rollout/data/test_datasets.py",
