@@ -144,6 +144,15 @@ def test_kill_after_a_checkpoint_then_the_same_command_resumes_it(tmp_path: Path
     # The buffer's ledger counts each of them once; a kill between a step's ack and its record
     # (the weights are published in between) leaves one batch acked without a record.
     assert len(trained) <= int(summary["buffer"]["acked_total"]) <= len(trained) + BATCH
+    # The resumed trainer counted the groups the dead one acknowledged after its checkpoint
+    # (those of the lost steps, and that batch when it was acked before its record), and
+    # its ledger matches the buffer's.
+    ledger = summary["ledger"]
+    lost_groups = sum(len(r["group_ids"]) for r in lost)
+    assert lost_groups <= ledger["acked_lost_with_crash"] <= lost_groups + BATCH, ledger
+    assert ledger["resumes"] == 1 and ledger["ok"], ledger
+    assert ledger["trainer_acked"] + ledger["acked_lost_with_crash"] == ledger["buffer_acked"]
+    assert ledger["buffer_acked"] == int(summary["buffer"]["acked_total"])
     # The resumed run's first evaluation is labelled with the checkpoint's step.
     evals = [json.loads(x) for x in (run_dir / "evals.jsonl").read_text().splitlines()]
     assert evals[0]["step"] == 0  # the first run's
