@@ -271,19 +271,29 @@ def save_weights(
     version: int,
     *,
     max_shard_bytes: int | None = None,
+    manifest: WeightManifest | None = None,
 ) -> WeightManifest:
     """Write safetensors shard(s) and the manifest into `directory`; returns the manifest.
 
     The manifest is written last and atomically (rename), so a reader that finds it knows
     the shards are complete; a reader racing a writer sees either no manifest or a checksum
     mismatch, never a silently torn update. Files from a previous save are replaced.
+    `manifest`: `make_manifest(named_tensors, version)` when the caller has computed it
+    already (the checksum reads every byte: ~1 s for SmolLM2's 538 MB); a manifest of
+    other tensors is caught by the reader's verification.
     """
     from safetensors.torch import save_file
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     items = _items(named_tensors)
-    manifest = make_manifest(items, version)
+    if manifest is None:
+        manifest = make_manifest(items, version)
+    elif manifest.version != version or manifest.num_tensors != len(items):
+        raise WeightsError(
+            f"manifest of version {manifest.version} with {manifest.num_tensors} tensors "
+            f"given for version {version} with {len(items)}"
+        )
     shards: list[list[tuple[str, torch.Tensor]]] = [[]]
     size = 0
     for name, t in items:

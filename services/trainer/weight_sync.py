@@ -285,7 +285,9 @@ class WeightPublisher:
         self, sd: dict[str, torch.Tensor], manifest: WeightManifest, targets: list[str]
     ) -> dict[str, str | None]:
         path = version_dir(self.weight_dir, manifest.version)
-        saved = await asyncio.to_thread(save_weights, path, sd, manifest.version)
+        saved = await asyncio.to_thread(
+            save_weights, path, sd, manifest.version, manifest=manifest
+        )  # the checksum is computed once (publish), not again here
         (self.weight_dir / f".{LATEST_FILE}.tmp").write_text(path.name)
         os.replace(self.weight_dir / f".{LATEST_FILE}.tmp", self.weight_dir / LATEST_FILE)
         outcomes = await asyncio.gather(

@@ -86,6 +86,24 @@ def test_save_load_round_trip_bit_identical(tmp_path: Path) -> None:
     assert_bit_identical(ts, loaded)
 
 
+def test_save_with_the_callers_manifest_writes_the_same_update(tmp_path: Path) -> None:
+    # The publisher hashes the tensors once and hands the manifest over: same files, same
+    # manifest as a save that hashes them itself; a manifest of another version is refused,
+    # one of other tensors is caught by the reader's verification.
+    ts = sample_tensors()
+    own = save_weights(tmp_path / "own", ts, 3)
+    given = save_weights(tmp_path / "given", ts, 3, manifest=make_manifest(ts, 3))
+    assert given == own and given.files == own.files
+    loaded, _ = load_weights(tmp_path / "given", expected=own)
+    assert_bit_identical(ts, loaded)
+    with pytest.raises(WeightsError, match="version 4"):
+        save_weights(tmp_path / "bad", ts, 4, manifest=make_manifest(ts, 3))
+    other = {k: v + 1 if v.is_floating_point() else v for k, v in ts.items()}
+    save_weights(tmp_path / "other", other, 3, manifest=own)
+    with pytest.raises(WeightsError):
+        load_weights(tmp_path / "other")
+
+
 def test_sharded_save_splits_files_and_loads_the_same(tmp_path: Path) -> None:
     ts = sample_tensors()
     # name order a(10 B), b(48), c(48), d(0) with 50-byte shards: [a], [b], [c, d]
