@@ -49,6 +49,9 @@ ROLE_METHODS: dict[str, tuple[str, ...]] = {
         ),
         f"{_ROLLOUT}/GetVersion",
         f"{_ROLLOUT}/Stats",
+        # the weight-sync parity probe: after each update the trainer has every replica
+        # decode a fixed probe and scores the same tokens itself (services/trainer/parity.py)
+        f"{_ROLLOUT}/Generate",
         *_SCORE,  # a reward computed on the trainer side (teacher, evaluation)
     ),
     "rollout": (
@@ -66,7 +69,7 @@ ROLE_METHODS: dict[str, tuple[str, ...]] = {
 }
 """What each caller named in `services.credentials` may call (`Service/Method`, or
 `Service/*`): rollout puts and scores, only the trainer claims, acks, sets versions and
-sends weights, the launcher (`flywheel run`, evaluation, status) reads, generates for
+sends weights (and generates its parity probe on the replicas), the launcher (`flywheel run`, evaluation, status) reads, generates for
 evaluation and controls the trainer; admin may call everything. The shared
 `services.auth_token`, when no per-caller credentials are set, may call everything."""
 

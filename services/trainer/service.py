@@ -105,10 +105,14 @@ class TrainerService:
                     outage_budget_s=s.peer_outage_budget_s,
                     peer=peers.peer("buffer", s.buffer.address) if peers is not None else None,
                 )
-                parity = ParityProbe.from_config(
-                    self.cfg,
-                    log_path=self.paths.run_dir / PARITY_FILE,
-                    metrics=self.metrics,
+                parity = (
+                    ParityProbe.from_config(
+                        self.cfg,
+                        log_path=self.paths.run_dir / PARITY_FILE,
+                        metrics=self.metrics,
+                    )
+                    if self.cfg.trainer.parity_probe_freq
+                    else None
                 )
                 publisher = WeightPublisher(
                     self.cfg, weight_dir=self.paths.weight_dir, peers=peers, parity=parity

@@ -230,7 +230,8 @@ class WeightPublisher:
         """Run the parity probe (services/trainer/parity.py) on the replicas `report` updated,
         once they decode again (after `resume` in synchronous mode); a replica that fails
         moves from `updated` to `failed` and is unhealthy like one that refused the update."""
-        if self.parity is None or not report.updated:
+        freq = self.cfg.trainer.parity_probe_freq
+        if self.parity is None or not report.updated or not freq or report.version % freq:
             return report
         dtype = getattr(torch, self.cfg.trainer.weight_dtype)
         sent = {k: t.to(dtype) if t.is_floating_point() else t for k, t in state_dict.items()}

@@ -397,3 +397,16 @@ async def test_a_real_buffer_over_mtls_lets_each_role_do_only_its_part(
         await rollout.close()
         await trainer.close()
         await service.stop(grace=0.5)
+
+
+def test_every_rpc_the_trainer_makes_on_a_replica_is_allowed_to_its_role() -> None:
+    """The trainer's calls to rollout replicas (services/trainer/weight_sync.py and the
+    parity probe in services/trainer/parity.py, which decodes its probe through Generate)
+    must be in its role: the probe was PERMISSION_DENIED under per-caller tokens, paused every
+    replica for good and starved the run."""
+    from services.common.grpc_server import ROLE_METHODS, _allows
+
+    rollout = "flywheel.v1.RolloutService"
+    for method in ("Generate", "UpdateWeights", "StreamWeights", "Pause", "Resume", "GetVersion"):
+        assert _allows(ROLE_METHODS["trainer"], f"/{rollout}/{method}"), method
+    assert not _allows(ROLE_METHODS["rollout"], f"/{rollout}/UpdateWeights")

@@ -93,7 +93,7 @@ def test_probe_passes_a_clean_update_and_catches_a_corrupted_tensor(replica: dic
         assert value is not None
         return value
 
-    async def run(sd: dict[str, torch.Tensor], version: int, *, corrupt: bool):  # type: ignore[no-untyped-def]
+    async def run(sd: dict[str, torch.Tensor], version: int, *, corrupt: bool, cfg=cfg):  # type: ignore[no-untyped-def]
         pub = WeightPublisher(cfg, weight_dir=replica["root"] / "w", addresses=[addr], parity=probe)
         try:
             if corrupt:
@@ -146,3 +146,18 @@ def test_probe_passes_a_clean_update_and_catches_a_corrupted_tensor(replica: dic
     lines = (replica["root"] / "weight_parity.jsonl").read_text().splitlines()
     assert [line.count('"ok": true') for line in lines] == [1, 0, 1]
     assert checks.weight_parity(gather(replica["root"])).status == "warn"  # recovered
+
+    # 4. trainer.parity_probe_freq = 2: version 5 is published without a probe (nothing
+    # logged, the corrupted tensor goes unseen: the price of the setting), version 6 is probed.
+    sparse = cfg.model_copy(deep=True)
+    sparse.trainer.parity_probe_freq = 2
+    _, report, unhealthy, _ = replica["io"].run(
+        run(_updated_weights(cfg, 5), 5, corrupt=True, cfg=sparse), timeout=180
+    )
+    assert report.updated == [addr] and unhealthy == set()
+    assert len((replica["root"] / "weight_parity.jsonl").read_text().splitlines()) == 3
+    _, report, _, _ = replica["io"].run(
+        run(_updated_weights(cfg, 6), 6, corrupt=False, cfg=sparse), timeout=180
+    )
+    assert report.updated == [addr] and probe.last[addr].ok
+    assert len((replica["root"] / "weight_parity.jsonl").read_text().splitlines()) == 4

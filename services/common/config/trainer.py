@@ -43,6 +43,14 @@ class TrainerConfig(FlywheelModel):
     """How new weights reach rollout replicas: a safetensors file on shared disk, a
     torch.distributed broadcast, or streamed over gRPC."""
 
+    parity_probe_freq: int = Field(default=1, ge=0)
+    """Flywheel: run the weight-sync parity probe (services/trainer/parity.py) after every
+    N-th publication (by version): each replica decodes a fixed probe and the trainer scores
+    the same tokens on the published weights. 1 probes every update; 0 turns it off (no
+    reference copy of the model is kept on rank 0). On a real model on CPU a probe costs
+    seconds per update (SmolLM2-135M: ~10 s, as much as the disk transport itself), so a
+    larger N trades how soon a silently corrupted update is caught for step time."""
+
     weight_dir: str | None = None
     """Directory of published weights (`disk`); null means
     `<cluster.fileroot>/<experiment>/<trial>/weights`."""
