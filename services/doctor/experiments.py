@@ -5,7 +5,8 @@ Three runs of the same config, each kept under `<fileroot>/<experiment>-doctor/<
 
 1. `async`: the config as given (its evaluation before training is the baseline);
 2. `sync`: the same with `rollout.max_head_offpolicyness=0`,
-   `actor.recompute_logprob=false`, `actor.use_decoupled_loss=false`;
+   `actor.recompute_logprob=false`, `actor.use_decoupled_loss=false` (and no
+   `actor.rejection_sampling`, which needs the decoupled loss);
 3. `test_set`: the asynchronous run trained on the held-out data (`valid_dataset`).
 
 `decide` reads the three outcomes (whether each one's reward rose, its held-out accuracy per
@@ -32,6 +33,9 @@ SYNC_OVERRIDES = (
     "rollout.max_head_offpolicyness=0",
     "actor.recompute_logprob=false",
     "actor.use_decoupled_loss=false",
+    # rejection sampling filters on the decoupled loss's behaviour weight, which the
+    # synchronous run no longer has (the config refuses the pair)
+    "actor.rejection_sampling=null",
 )
 
 

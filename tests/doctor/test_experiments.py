@@ -34,6 +34,7 @@ def test_the_planned_runs_are_the_demo_async_and_synchronous(tmp_path: Path):
     # AReaL's switch to synchronous RL: eta 0, no recomputed log-probs, plain PPO loss
     assert s.rollout.max_head_offpolicyness == 0
     assert not s.actor.recompute_logprob and not s.actor.use_decoupled_loss
+    assert a.actor.rejection_sampling is not None and s.actor.rejection_sampling is None
     assert first.run_dir == tmp_path / "demo-doctor" / "async"
     assert sync.run_dir == tmp_path / "demo-doctor" / "sync"
 
