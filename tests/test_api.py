@@ -3,7 +3,6 @@ objects, `load_dotted` says what is wrong, and the filter adapter keeps its prom
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 from services import api
 from services.common.codec import TrajectoryGroup
 from services.rollout.workflows.base import build_trajectory
+from tests.fresh_python import run_fresh
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,9 +22,7 @@ def test_contracts_import_without_torch() -> None:
         "import services.rollout.workflows.base; "
         "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if 'torch' in m)[:5]"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
+    out = run_fresh(code)
     assert out.returncode == 0, out.stderr
 
 

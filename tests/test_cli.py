@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from services import cli
+from tests.fresh_python import run_fresh
 
 ROOT = Path(__file__).resolve().parents[1]
 FLYWHEEL = ROOT / ".venv" / "bin" / "flywheel"
@@ -222,9 +223,7 @@ def test_dry_run_of_a_plain_config_imports_no_torch() -> None:
         "rc = cli.main(['run', '--config', 'examples/grpo.yaml', '--dry-run']); "
         "assert rc == 0, rc; assert 'torch' not in sys.modules, 'torch was imported'"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
+    out = run_fresh(code)
     assert out.returncode == 0, out.stderr
 
 
