@@ -399,7 +399,10 @@ def test_fuzz_every_result_is_well_formed(svc: RunningReward, items: list[S.Scor
 
 
 def test_metrics_over_http_show_statuses_restarts_and_cache(svc: RunningReward) -> None:
+    # Self-contained: with xdist the module's timeout tests may run on another worker.
     batch(svc, [item("x", fn="raises"), item("#### 10")])
+    [res] = batch(svc, [item("x", fn="loops_forever", deadline_ms=1000)])
+    assert res.status == S.REWARD_STATUS_TIMEOUT
     port = svc.service.metrics_port
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
     assert 'flywheel_reward_results_total{fn="raises",status="ERROR"}' in text
