@@ -99,7 +99,9 @@ async def test_queue_bound_takes_all_or_nothing() -> None:
     try:
         blocker = task(f"{FAULTY}:sleeps", deadline_s=30.0, seconds=0.5)
         pool.submit([blocker])
-        await asyncio.sleep(0.2)  # the worker takes it; the queue is empty again
+        async with asyncio.timeout(60):  # the worker takes it; the queue is empty again
+            while pool.queued:
+                await asyncio.sleep(0.01)
         with pytest.raises(PoolFullError, match="5 items asked, 4 free"):
             pool.submit([task() for _ in range(5)])
         assert pool.queued == 0  # nothing of the refused request was queued
@@ -153,7 +155,9 @@ async def test_deadline_kills_what_the_function_started_in_other_sessions(
     try:
         [worker_pid] = pool.worker_pids()
         [res] = await pool.score(
-            [task(f"{FAULTY}:starts_helpers", deadline_s=5.0, pid_file=str(pid_file))]
+            # The deadline must outlast two process starts on a loaded machine: the pid
+            # file is written only after both helpers run.
+            [task(f"{FAULTY}:starts_helpers", deadline_s=20.0, pid_file=str(pid_file))]
         )
         assert res.status == "TIMEOUT"
         own, orphan, worker = read_started(pid_file)
