@@ -30,12 +30,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from services.common.tiny_model import write_tiny_model  # noqa: E402
-from services.common.weights import (  # noqa: E402
-    WeightsGroup,
+from services.common.weights.disk import save_weights  # noqa: E402
+from services.common.weights.distributed import WeightsGroup, send_buckets  # noqa: E402
+from services.common.weights.manifest import (  # noqa: E402
     make_manifest,
     named_parameters_for_update,
-    save_weights,
-    send_buckets,
     tensor_specs,
 )
 

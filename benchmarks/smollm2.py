@@ -55,17 +55,18 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from services.common.weights import (  # noqa: E402
+from services.common.weights.disk import save_weights  # noqa: E402
+from services.common.weights.distributed import (  # noqa: E402
     DEFAULT_BUCKET_BYTES,
-    TensorSpec,
-    WeightAssembler,
-    WeightManifest,
     WeightsGroup,
-    iter_weight_chunks,
+    send_buckets,
+)
+from services.common.weights.grpc_stream import WeightAssembler, iter_weight_chunks  # noqa: E402
+from services.common.weights.manifest import (  # noqa: E402
+    TensorSpec,
+    WeightManifest,
     make_manifest,
     named_parameters_for_update,
-    save_weights,
-    send_buckets,
     tensor_specs,
 )
 

@@ -33,7 +33,10 @@ def _cuda_available() -> bool:
 COMPAT_FILES = (
     "common/test_tiny_model.py",
     "common/test_model_source.py",
-    "common/test_weights.py",
+    "common/weights/test_manifest.py",
+    "common/weights/test_disk.py",
+    "common/weights/test_distributed.py",
+    "common/weights/test_grpc_stream.py",
     "rollout/engine/test_torch_engine.py",
     "rollout/engine/test_torch_engine_smollm2.py",
     "rollout/engine/test_runners.py",

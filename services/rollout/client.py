@@ -33,7 +33,7 @@ from services.rollout.types import Completion, RolloutStatsView, SamplingParams,
 if TYPE_CHECKING:  # torch is only needed by callers that send tensors
     import torch
 
-    from services.common.weights import TensorSpec, WeightManifest
+    from services.common.weights.manifest import TensorSpec, WeightManifest
 
 DEFAULT_BUCKET_BYTES = 64 << 20
 DEFAULT_CHUNK_BYTES = 4 << 20
@@ -181,7 +181,7 @@ class RolloutClient(RetryingClient):
         timeout: float | None = None,
     ) -> UpdateResult:
         """Send the tensors as a stream of chunks (name order, manifest first)."""
-        from services.common.weights import iter_weight_chunks
+        from services.common.weights.grpc_stream import iter_weight_chunks
 
         chunks = iter_weight_chunks(
             named_tensors, manifest, chunk_bytes=chunk_bytes, request_id=_rid(request_id)

@@ -18,7 +18,7 @@ from typing import Any
 from flywheel_proto.v1 import rollout_pb2_grpc
 from services.common.grpc_server import ServiceServer
 from services.common.http_app import MetricsServer
-from services.common.weights import MANIFEST_FILE, read_manifest
+from services.common.weights.disk import MANIFEST_FILE, read_manifest
 from services.rollout.engine.base import InferenceEngine
 from services.rollout.metrics import RolloutMetrics
 from services.rollout.servicer import RolloutServicer

@@ -17,14 +17,14 @@ from typing import Any
 import grpc
 
 from flywheel_proto.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
-from services.common.weights import (
+from services.common.weights.disk import check_weights_dir
+from services.common.weights.grpc_stream import WeightAssembler
+from services.common.weights.manifest import (
     DEFAULT_MAX_WEIGHT_BYTES,
     TensorSpec,
-    WeightAssembler,
     WeightManifest,
     WeightsError,
     check_update_size,
-    check_weights_dir,
 )
 from services.rollout.data.datasets import DatasetError, render_prompt
 from services.rollout.engine.base import InferenceEngine

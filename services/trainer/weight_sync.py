@@ -1,6 +1,6 @@
 """Publish new policy weights to every rollout replica (rank 0 of the trainer).
 
-Three transports, one contract (`services/common/weights.py`): the replica receives
+Three transports, one contract (`services/common/weights/`): the replica receives
 named tensors with a manifest (version + SHA-256 checksum), verifies them, and answers with
 the version it now serves.
 
@@ -48,14 +48,9 @@ import torch
 
 from services.common.config import FlywheelConfig
 from services.common.outage import PeerOutageMetrics
-from services.common.weights import (
-    WeightManifest,
-    WeightsGroup,
-    make_manifest,
-    save_weights,
-    send_buckets,
-    tensor_specs,
-)
+from services.common.weights.disk import save_weights
+from services.common.weights.distributed import WeightsGroup, send_buckets
+from services.common.weights.manifest import WeightManifest, make_manifest, tensor_specs
 from services.rollout.client import RolloutClient
 from services.trainer.dist import free_port
 

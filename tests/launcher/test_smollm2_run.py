@@ -84,11 +84,8 @@ def test_smollm2_math_runs_through_the_services(tmp_path: Path) -> None:
 
     from transformers import AutoModelForCausalLM
 
-    from services.common.weights import (
-        named_parameters_for_update,
-        read_manifest,
-        state_dict_checksum,
-    )
+    from services.common.weights.disk import read_manifest
+    from services.common.weights.manifest import named_parameters_for_update, state_dict_checksum
     from services.rollout.service import newest_published_weights
 
     published = newest_published_weights(str(run_dir / "weights"))

@@ -58,12 +58,11 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from services.common.weights import (
+from services.common.weights.distributed import WeightsGroup, recv_buckets
+from services.common.weights.manifest import (
     TensorSpec,
     WeightManifest,
     WeightsError,
-    WeightsGroup,
-    recv_buckets,
     state_dict_checksum,
 )
 from services.rollout.engine.torch_engine import TorchEngine

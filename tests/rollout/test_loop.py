@@ -252,7 +252,7 @@ async def test_rlvr_loop_against_real_buffer_and_reward(
                 assert set(t.versions[: t.prompt_len].tolist()) == {-1}
                 assert set(t.generated_versions.tolist()) == {0}
         # The trainer steps: new weights (version 1) to the engine, version to the buffer, ack.
-        from services.common.weights import make_manifest
+        from services.common.weights.manifest import make_manifest
 
         weights = engine.current_weights()
         assert (await engine.update_weights_from_tensors(weights, make_manifest(weights, 1))).ok

@@ -67,7 +67,7 @@ async def test_bad_requests_get_invalid_argument(served) -> None:  # noqa: ANN00
 
 
 def _manifest():  # noqa: ANN202
-    from services.common.weights import WeightManifest
+    from services.common.weights.manifest import WeightManifest
 
     return WeightManifest(1, "", 0, 0)
 
@@ -94,12 +94,8 @@ async def test_every_weight_transport_is_capped(engine, tmp_path) -> None:  # no
     update and the disk update, and total_bytes must be > 0 and the sum of the specs."""
     from flywheel_proto.v1 import rollout_pb2_grpc
     from services.common.grpc_server import ServiceServer
-    from services.common.weights import (
-        WeightManifest,
-        make_manifest,
-        save_weights,
-        tensor_specs,
-    )
+    from services.common.weights.disk import save_weights
+    from services.common.weights.manifest import WeightManifest, make_manifest, tensor_specs
     from services.rollout.client import RolloutClient
     from services.rollout.metrics import RolloutMetrics
     from services.rollout.servicer import RolloutServicer

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.common.weights import (
+from services.common.weights.disk import save_weights
+from services.common.weights.manifest import (
     make_manifest,
     named_parameters_for_update,
-    save_weights,
     tensor_specs,
 )
 from services.rollout.engine.torch_engine import TorchEngine

@@ -11,7 +11,8 @@ import sys
 
 import torch
 
-from services.common.weights import WeightsGroup, named_parameters_for_update, send_buckets
+from services.common.weights.distributed import WeightsGroup, send_buckets
+from services.common.weights.manifest import named_parameters_for_update
 
 
 def main(argv: list[str]) -> int:

@@ -19,7 +19,7 @@ import torch
 
 from services.common.config import FlywheelConfig
 from services.common.redis_server import free_port
-from services.common.weights import make_manifest
+from services.common.weights.manifest import make_manifest
 from services.doctor import checks
 from services.doctor.evidence import gather
 from services.rollout.client import RolloutClient

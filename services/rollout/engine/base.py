@@ -20,15 +20,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from services.common.weights import (
-    TensorSpec,
-    WeightManifest,
-    WeightsError,
-    WeightsGroup,
-    load_weights,
-    recv_buckets,
-    verify,
-)
+from services.common.weights.disk import load_weights
+from services.common.weights.distributed import WeightsGroup, recv_buckets
+from services.common.weights.manifest import TensorSpec, WeightManifest, WeightsError, verify
 from services.rollout.types import Completion, SamplingParams, UpdateResult
 
 log = logging.getLogger(__name__)

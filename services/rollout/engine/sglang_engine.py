@@ -72,13 +72,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from services.common.weights import (
-    TensorSpec,
-    WeightManifest,
-    WeightsError,
-    save_weights,
-    weights_files,
-)
+from services.common.weights.disk import save_weights, weights_files
+from services.common.weights.manifest import TensorSpec, WeightManifest, WeightsError
 from services.rollout.engine.base import InferenceEngine
 from services.rollout.types import Completion, SamplingParams, StopReason, UpdateResult
 

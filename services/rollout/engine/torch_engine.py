@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from services.common.model_source import load_tokenizer, resolve_model_path
-from services.common.weights import (
+from services.common.weights.manifest import (
     WeightManifest,
     WeightsError,
     named_parameters_for_update,

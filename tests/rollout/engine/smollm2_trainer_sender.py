@@ -20,12 +20,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from services.common.weights import (  # noqa: E402
-    WeightsGroup,
-    make_manifest,
-    send_buckets,
-    tensor_specs,
-)
+from services.common.weights.distributed import WeightsGroup, send_buckets  # noqa: E402
+from services.common.weights.manifest import make_manifest, tensor_specs  # noqa: E402
 from services.trainer.dist import finish, init_distributed  # noqa: E402
 from services.trainer.engine import TrainEngine  # noqa: E402
 from tests.smollm2 import completion_batch  # noqa: E402

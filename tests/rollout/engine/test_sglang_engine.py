@@ -22,12 +22,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.common.weights import (
+from services.common.weights.disk import save_weights
+from services.common.weights.manifest import (
     WeightManifest,
     WeightsError,
     make_manifest,
     named_parameters_for_update,
-    save_weights,
     tensor_specs,
 )
 from services.rollout.engine.sglang_engine import (

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.common.weights import (
+from services.common.weights.disk import save_weights
+from services.common.weights.manifest import (
     WeightManifest,
     make_manifest,
     named_parameters_for_update,
-    save_weights,
     state_dict_checksum,
 )
 from services.rollout.engine.torch_engine import TorchEngine

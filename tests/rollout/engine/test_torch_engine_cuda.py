@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.common.weights import make_manifest, named_parameters_for_update
+from services.common.weights.manifest import make_manifest, named_parameters_for_update
 from services.rollout.engine.torch_engine import TorchEngine
 from services.rollout.types import SamplingParams
 from tests.rollout.conftest import load_model

@@ -25,13 +25,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from services.common.weights import (
+from services.common.weights.disk import save_weights
+from services.common.weights.grpc_stream import WeightAssembler, iter_weight_chunks
+from services.common.weights.manifest import (
     TensorSpec,
-    WeightAssembler,
     WeightManifest,
-    iter_weight_chunks,
     make_manifest,
-    save_weights,
     state_dict_checksum,
 )
 from services.rollout.engine.torch_engine import TorchEngine, load_tokenizer
