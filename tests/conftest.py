@@ -39,7 +39,7 @@ COMPAT_FILES = (
     "common/weights/test_grpc_stream.py",
     "rollout/engine/test_torch_engine.py",
     "rollout/engine/test_torch_engine_smollm2.py",
-    "rollout/engine/test_runners.py",
+    "rollout/engine/test_native_runner.py",
     "rollout/engine/test_sampling.py",
     "rollout/data/test_datasets.py",
     "rollout/test_weight_transports.py",

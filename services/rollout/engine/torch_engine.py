@@ -40,7 +40,9 @@ from services.common.weights.manifest import (
     state_dict_checksum,
 )
 from services.rollout.engine.base import InferenceEngine
-from services.rollout.engine.runners import HFRunner, ModelRunner, NativeDecoderRunner
+from services.rollout.engine.hf_runner import HFRunner
+from services.rollout.engine.native_runner import NativeDecoderRunner
+from services.rollout.engine.runner_contract import ModelRunner
 from services.rollout.engine.sampling import RowSampling, sample_next
 from services.rollout.types import Completion, SamplingParams, StopReason
 

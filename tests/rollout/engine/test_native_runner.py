@@ -21,7 +21,7 @@ from transformers import (
     Qwen3Config,
 )
 
-from services.rollout.engine.runners import NativeDecoderRunner
+from services.rollout.engine.native_runner import NativeDecoderRunner
 
 ATOL = 1e-4
 COMMON = {
