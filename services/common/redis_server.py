@@ -195,9 +195,11 @@ class RedisServer:
         self.proc = None
 
     def kill(self) -> None:
-        """SIGKILL: no flush, as after a crash."""
+        """SIGKILL: no flush, as after a crash. Returns once the process is gone (its port
+        free again: a restart or another process may bind it at once)."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
+            self.proc.wait()
             self.proc.wait()
         self.proc = None
 
