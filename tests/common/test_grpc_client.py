@@ -65,11 +65,11 @@ async def test_a_call_made_while_the_peer_is_down_succeeds_on_its_successor() ->
     channel = make_channel(address)
     stub = health_pb2_grpc.HealthStub(channel)
     try:
-        resp = await call_with_retry(stub.Check, CHECK, timeout=2, idempotent=True, peer=peer)
+        resp = await call_with_retry(stub.Check, CHECK, timeout=30, idempotent=True, peer=peer)
         assert resp.status == SERVING and not peer.down  # connected once
         await first.stop(0)
         call = asyncio.create_task(
-            call_with_retry(stub.Check, CHECK, timeout=2, idempotent=True, peer=peer)
+            call_with_retry(stub.Check, CHECK, timeout=30, idempotent=True, peer=peer)
         )
         await _until(lambda: peer.down)
         assert _sample(registry, "flywheel_test_peer_unavailable", "echo") == 1.0
@@ -98,11 +98,13 @@ async def test_the_blocking_twin_rides_through_a_restart_too() -> None:
     channel = make_sync_channel(address)
     stub = health_pb2_grpc.HealthStub(channel)
     try:
-        await asyncio.to_thread(call_with_retry_sync, stub.Check, CHECK, timeout=2, idempotent=True)
+        await asyncio.to_thread(
+            call_with_retry_sync, stub.Check, CHECK, timeout=30, idempotent=True
+        )
         await first.stop(0)
         call = asyncio.ensure_future(
             asyncio.to_thread(
-                call_with_retry_sync, stub.Check, CHECK, timeout=2, idempotent=True, peer=peer
+                call_with_retry_sync, stub.Check, CHECK, timeout=30, idempotent=True, peer=peer
             )
         )
         await _until(lambda: peer.down)
@@ -133,8 +135,10 @@ async def test_an_outage_longer_than_the_budget_fails_and_leaves_the_peer_marked
 
     try:
         with pytest.raises(grpc.aio.AioRpcError) as err:
+            # A budget that outlasts a first attempt slowed by a loaded machine (with 0.5 s,
+            # one slow connect used it all: one attempt); refused connects fail at once.
             await call_with_retry(
-                check, CHECK, timeout=1, idempotent=True, outage_budget_s=0.5, peer=peer
+                check, CHECK, timeout=30, idempotent=True, outage_budget_s=3.0, peer=peer
             )
     finally:
         await channel.close()

@@ -61,7 +61,7 @@ async def test_health_serving_then_not_serving_on_drain_and_inflight_call_finish
     srv = ServiceServer("test", service_names=["test.Echo"])
     srv.server.add_generic_rpc_handlers([_echo_handler(started, release)])
     address = f"127.0.0.1:{await srv.start()}"
-    await wait_for_health(address, timeout=5)
+    await wait_for_health(address, timeout=120)  # a guard, not a timing check
     assert await _health(address, "test.Echo") == health_pb2.HealthCheckResponse.SERVING
     async with make_channel(address) as ch:
         inflight = asyncio.ensure_future(_echo(ch)(b"in flight", timeout=10))
