@@ -89,12 +89,14 @@ the translation, so they win).
 | `experiment_name`, `trial_name`, `cluster.fileroot` | kept; the copies under `rollout`, `saver`, `recover`, `evaluator`, `stats_logger`, `perf_tracer` are ignored (a differing one is reported) |
 | `train_dataset.path: openai/gsm8k` + `split` | the local copy (below); GSM8K also sets `reward.fn: gsm8k` |
 | `actor.rejection_sampling` with `use_decoupled_loss: false` | ignored, as AReaL ignores it |
+| `actor.use_lora`, `peft_type`, `lora_rank`, `lora_alpha`, `target_modules` | the same keys: LoRA adapters on the frozen model (scale `lora_alpha / lora_rank`; empty or `[all-linear]` targets every linear layer but the output head); rollout serves the merged weights |
 
 Ignored, with the reason in the table: `cluster.n_nodes`, `cluster.name_resolve`,
 `enable_offload`, `*.scheduling_spec`, `*.scheduling_strategy`, `ref.backend`,
 `critic.backend` (they run in the trainer's ranks), `vllm`, `perf_tracer`,
 `memory_profiler`, `actor.megatron`, `actor.archon`, LoRA serving keys
-(`rollout.use_lora`, `gconfig.lora_name`), AReaL's agent-proxy keys under
+(`rollout.use_lora`, `gconfig.lora_name`, `sglang.enable_lora`, `sglang.max_lora_rank`:
+rollout serves merged weights), AReaL's agent-proxy keys under
 `rollout.agent`, single-controller `scheduler.*`, and the other engine-internal fields of
 AReaL's config classes. A key known to neither system is still an error with a
 suggestion; AReaL key names that are Flywheel keys with another meaning (`recover`,
@@ -106,8 +108,14 @@ reference model is a surprisal bonus; a KL penalty needs `ref`), `actor.eps_clip
 other algorithm keys keep AReaL's defaults. A file AReaL itself refuses is refused here
 too: `actor.behave_imp_weight_cap` / `behave_imp_weight_mode` (removed from AReaL, whose
 loader stops on them; its `gsm8k_grpo_megatron_lora*.yaml` still carry them) stop the load
-with the equivalent `actor.rejection_sampling`. `actor.use_lora: true`
-(`gsm8k_grpo_lora.yaml`) stops the load as well: the trainer updates the full weights.
+with the equivalent `actor.rejection_sampling`. With `actor.use_lora: true`
+(`gsm8k_grpo_lora.yaml`) the trainer trains the adapters as AReaL's FSDP engine does, but
+publishes the merged weights `W + (lora_alpha / lora_rank) · B @ A` under the Hugging Face
+names over whichever `trainer.weight_transport` is set, where AReaL sends the adapter
+alone (its example saves it to disk, `weight_update_mode: disk`) and the inference server
+applies it as a LoRA adapter: a deliberate difference, so that the rollout engines (torch,
+SGLang) serve an ordinary model and every transport works. Checkpoints hold the
+frozen base and the adapters; the exported HF model is the merged one.
 
 ### Data sets by name
 

@@ -3,7 +3,10 @@
 A checkpoint is a directory `<root>/step_<N>/`:
 - `dcp/`: the sharded model and optimizer states of every trained model (actor, critic),
   written by all ranks in parallel with DCP (each rank writes its own shards; a resumed
-  job may even use a different number of ranks);
+  job may even use a different number of ranks). A LoRA model's state is its frozen base
+  weights plus the adapters (`<layer>.lora_A` / `.lora_B`, services/trainer/lora.py),
+  its optimizer state the adapters' only; a checkpoint and the model resuming from it
+  must agree on which layers have adapters;
 - `rng/rank_<r>.safetensors` + `rng/rank_<r>.json`: every rank's torch / numpy / Python
   random states (tensors as safetensors, the rest as JSON: no pickle of our own);
 - `trainer_state.json`: step, version, scheduler states, data position and buffer
@@ -32,6 +35,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from services.trainer.lifecycle import STATE_FILE, STEP_DIR, write_json_atomic
 from services.trainer.lifecycle import latest_checkpoint as latest_checkpoint
+from services.trainer.lora import is_adapter
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +130,7 @@ def load_checkpoint(
         else:
             msd, _ = get_state_dict(model, [])
             state[name] = {"model": msd}
+    _check_adapters(path / "dcp", state)
     dcp.load(state, checkpoint_id=str(path / "dcp"))
     for name, (model, optim) in models.items():
         if optim is not None:
@@ -146,6 +151,30 @@ def load_checkpoint(
         torch.manual_seed(int(trainer_state.get("seed", 0)) + 1000 * rank + trainer_state["step"])
     log.info("checkpoint loaded", extra={"step": trainer_state["step"], "path": str(path)})
     return trainer_state
+
+
+def _check_adapters(dcp_dir: Path, state: dict[str, Any]) -> None:
+    """Refuse a resume whose LoRA layout differs from the checkpoint's: loading would
+    otherwise drop trained adapters silently (a checkpoint's extra keys are not read) or
+    fail deep inside DCP on the missing ones."""
+    saved = {
+        key
+        for key in dcp.FileSystemReader(str(dcp_dir)).read_metadata().state_dict_metadata
+        if is_adapter(key)
+    }
+    for name, parts in state.items():
+        prefix = f"{name}.model."
+        have = {prefix + k for k in parts["model"] if is_adapter(k)}
+        theirs = {k for k in saved if k.startswith(prefix)}
+        if have != theirs:
+            only_saved = sorted(theirs - have)
+            only_here = sorted(have - theirs)
+            raise ValueError(
+                f"checkpoint {dcp_dir.parent}: the {name}'s LoRA adapters differ from the "
+                f"model's (in the checkpoint only: {len(only_saved)}, e.g. {only_saved[:2]}; "
+                f"in the model only: {len(only_here)}, e.g. {only_here[:2]}); resume with "
+                f"the {name}'s use_lora, target_modules and lora_rank of the saved run"
+            )
 
 
 def prune_checkpoints(root: str | os.PathLike[str], keep_last: int) -> list[Path]:

@@ -19,6 +19,7 @@ from services.common.config import TrainEngineConfig
 from services.trainer.batch import SeqBatch
 from services.trainer.dist import DistContext
 from services.trainer.logprobs import first_scored_position, token_logprobs
+from services.trainer.lora import apply_lora, merge_lora, output_heads
 from services.trainer.model import (
     full_state_dict,
     load_hf_model,
@@ -54,8 +55,20 @@ class TrainEngine:
         # HF causal LMs take `logits_to_keep` (the head runs on the last positions only);
         # a model without it gets the head on every position.
         self._head_on_suffix = "logits_to_keep" in inspect.signature(hf.forward).parameters
-        self.module: nn.Module = shard_model(hf, ctx, cfg)
         self.trainable = cfg.optimizer is not None
+        # LoRA (actor.use_lora): adapters wrap the target layers before sharding, so FSDP2
+        # shards them with their layer; only they (and a critic's new head) are trained.
+        # A frozen model has nothing to adapt: B = 0 would leave it the base model.
+        self.lora: dict[str, float] = {}
+        if cfg.use_lora and self.trainable:
+            self.lora = apply_lora(
+                hf,
+                rank=cfg.lora_rank,
+                alpha=cfg.lora_alpha,
+                target_modules=cfg.target_modules,
+                trainable=output_heads(hf) if critic or cfg.is_critic else (),
+            )
+        self.module: nn.Module = shard_model(hf, ctx, cfg)
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
         if self.trainable:
@@ -164,5 +177,13 @@ class TrainEngine:
 
     # -- weights -----------------------------------------------------------------------------
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Unsharded parameters (rank 0; {} elsewhere). Collective."""
-        return full_state_dict(self.module, self.param_names)
+        """Unsharded parameters under the Hugging Face names (rank 0; {} elsewhere).
+        Collective. With LoRA, the merged weights `W + (alpha / r) · B @ A`: what rollout
+        serves and the HF export holds."""
+        if not self.lora:
+            return full_state_dict(self.module, self.param_names)
+        sd = full_state_dict(self.module)
+        if not sd:
+            return sd
+        merged = merge_lora(sd, self.lora)
+        return {n: merged[n] for n in self.param_names}

@@ -7,6 +7,10 @@ parameters to `dtype` for compute and reduces gradients in `grad_reduce_dtype`, 
 sharded master copy and the optimizer states stay in `optimizer_dtype` (fp32 by default).
 
 One rank is sharded too (a 1-rank mesh), so 1 and N ranks run the same code.
+
+A LoRA model (services/trainer/lora.py) is wrapped before sharding: each adapter is a
+parameter of its layer and is sharded, gathered and reduced with it; frozen base weights
+and trainable adapters share one FSDP2 unit (FSDP2 reduces gradients of the trainable only).
 """
 
 from __future__ import annotations

@@ -48,7 +48,8 @@ def build_optimizer(
     params: Iterable[torch.nn.Parameter], cfg: OptimizerConfig
 ) -> torch.optim.Optimizer:
     """AdamW for `adam` / `adam_bf16` (states follow the parameters' dtype, so bf16 master
-    weights give bf16 states), plain SGD for `sgd`."""
+    weights give bf16 states), plain SGD for `sgd`. Only parameters that require grad are
+    optimized: with LoRA, the adapters (the frozen base weights get no state)."""
     params = [p for p in params if p.requires_grad]
     if cfg.type in ("adam", "adam_bf16"):
         return torch.optim.AdamW(

@@ -30,6 +30,7 @@ _IDENT = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
 _DOTTED_PATH = re.compile(rf"{_IDENT}(?::|\.){_IDENT}")
 
 _DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+_MODULE_NAME = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*")
 _NULL_WORDS = {"none", "null", "~"}
 
 _REJECTION_SAMPLING_MIGRATION = (
@@ -275,31 +276,48 @@ class TrainEngineConfig(FlywheelModel):
     """Offload parameters and optimizer states to CPU between steps."""
 
     use_lora: bool = False
-    """Train LoRA adapters instead of the full weights. Refused at load when true: the
-    trainer updates the full weights only (the LoRA fields below are then unused)."""
+    """Train LoRA adapters instead of the full weights (AReaL's FSDP LoRA): the layers
+    `target_modules` names get trainable low-rank factors A, B and their weights stay
+    frozen; the optimizer holds only the adapters (and a critic's value head). Rollout
+    receives the merged weights `W + (lora_alpha / lora_rank) · B @ A` under the Hugging
+    Face names, so it needs no LoRA support (AReaL instead sends the adapter alone and
+    the inference server applies it). Checkpoints hold base and adapters; the HF export is the merged model.
+    Only a trained model (one with an optimizer) gets adapters."""
 
     lora_rank: int = Field(default=32, ge=1)
-    """LoRA rank."""
+    """LoRA rank r: the inner size of the update B @ A (B is out x r, A is r x in)."""
 
     lora_alpha: int = Field(default=16, ge=1)
-    """LoRA scaling alpha."""
+    """LoRA alpha: the update is scaled by lora_alpha / lora_rank (PEFT's scaling)."""
 
     target_modules: list[str] = Field(default_factory=list)
-    """Module names that get LoRA adapters."""
+    """Layers that get adapters: empty or `[all-linear]` is every linear layer except the
+    output head (PEFT's `all-linear`, AReaL's default); otherwise module names matched as
+    suffixes of the dotted path (`q_proj` adapts every `...self_attn.q_proj`). A name that
+    matches no linear layer fails when the model is built."""
 
     peft_type: Literal["lora"] = "lora"
-    """PEFT method; only LoRA."""
+    """PEFT method; only LoRA (as AReaL)."""
 
-    @field_validator("use_lora")
+    @field_validator("target_modules")
     @classmethod
-    def _no_lora(cls, value: bool) -> bool:
-        if value:
-            raise RuleViolation(
-                "use_lora",
-                value,
-                "LoRA training is not implemented: the trainer updates the full weights; "
-                "set use_lora: false",
-            )
+    def _target_modules(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if name == "all-linear":
+                if len(value) > 1:
+                    raise RuleViolation(
+                        "target_modules",
+                        value,
+                        "all-linear already names every linear layer; give it alone or "
+                        "list module names without it",
+                    )
+            elif not _MODULE_NAME.fullmatch(name):
+                raise RuleViolation(
+                    "target_modules",
+                    value,
+                    f"{name!r} is not a module name: expected all-linear or dotted names "
+                    "such as q_proj or self_attn.o_proj",
+                )
         return value
 
     @field_validator("dtype", "grad_reduce_dtype", "optimizer_dtype", mode="before")

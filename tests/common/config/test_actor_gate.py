@@ -31,10 +31,36 @@ def test_kk_packing_is_refused_at_load(block: str) -> None:
     assert "packing_algorithm: ffd" in message
 
 
-def test_lora_is_refused_at_load() -> None:
-    path, value, message = only_issue("actor.use_lora=true")
-    assert (path, value) == ("actor.use_lora", True)
-    assert "not implemented" in message and "use_lora: false" in message
+def test_lora_loads_with_areals_names() -> None:
+    # AReaL's gsm8k_grpo_lora.yaml spelling: peft_type lora, target_modules [all-linear].
+    actor = load_config(
+        GRPO,
+        (
+            "actor.use_lora=true",
+            "actor.peft_type=lora",
+            "actor.lora_rank=16",
+            "actor.lora_alpha=16",
+            "actor.target_modules=[all-linear]",
+        ),
+    ).actor
+    assert (actor.use_lora, actor.lora_rank, actor.lora_alpha) == (True, 16, 16)
+    assert actor.target_modules == ["all-linear"]
+    listed = load_config(GRPO, ("actor.use_lora=true", "actor.target_modules=[q_proj,v_proj]"))
+    assert listed.actor.target_modules == ["q_proj", "v_proj"]
+
+
+@pytest.mark.parametrize(
+    ("modules", "words"),
+    [
+        ("[all-linear,q_proj]", "give it alone"),
+        ("['q proj']", "not a module name"),
+        ("['']", "not a module name"),
+    ],
+)
+def test_bad_target_modules_fail_at_load(modules: str, words: str) -> None:
+    path, _value, message = only_issue("actor.use_lora=true", f"actor.target_modules={modules}")
+    assert path == "actor.target_modules"
+    assert words in message
 
 
 @pytest.mark.parametrize(
