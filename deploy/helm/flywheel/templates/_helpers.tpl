@@ -50,7 +50,8 @@ app.kubernetes.io/part-of: flywheel
 {{- $img := .image | default dict -}}
 {{- $repo := default $root.Values.image.repository $img.repository -}}
 {{- $tag := default (default $root.Chart.AppVersion $root.Values.image.tag) $img.tag -}}
-{{- printf "%s:%s" $repo $tag -}}
+{{- /* A digest pins the image by content: "<repo>@sha256:<hex>". */ -}}
+{{- printf (ternary "%s@%s" "%s:%s" (hasPrefix "sha256:" $tag)) $repo $tag -}}
 {{- end -}}
 
 {{/* Secrets ------------------------------------------------------------------------- */}}
