@@ -285,6 +285,13 @@ AREAL_FIELDS: dict[str, frozenset[str]] = {
     ),
 }
 
+_MERGED = (
+    "rollout serves merged weights: the trainer publishes W + (lora_alpha / lora_rank) B A "
+    "under the Hugging Face names, so no LoRA serving is needed"
+)
+#: SGLang server arguments of LoRA serving, kept out of rollout.sglang.launch_args.
+_SGLANG_LORA = ("enable_lora", "max_lora_rank", "max_loaded_loras", "lora_paths", "lora_backend")
+
 #: Why a key no Flywheel block models is not used, by the key's last name.
 _IGNORE_REASONS: dict[str, str] = {
     "scheduling_spec": "per-worker resources; Flywheel's scheduler places the services "
@@ -306,9 +313,15 @@ _IGNORE_REASONS: dict[str, str] = {
     "enable_delta_weight_update": "AWEX delta updates; Flywheel sends whole weights",
     "weight_update_delta_method": "AWEX delta updates; Flywheel sends whole weights",
     "weight_update_anchor_interval": "AWEX delta updates; Flywheel sends whole weights",
-    "lora_name": "the rollout serves the merged weights the trainer publishes",
-    "use_lora": "the rollout serves the merged weights the trainer publishes "
-    "(LoRA training is actor.use_lora)",
+    "lora_name": _MERGED,
+    "use_lora": f"{_MERGED} (LoRA training is actor.use_lora)",
+    "enable_lora": _MERGED,
+    "max_lora_rank": _MERGED,
+    "max_loras": _MERGED,
+    "max_loaded_loras": _MERGED,
+    "lora_paths": _MERGED,
+    "lora_modules": _MERGED,
+    "lora_backend": _MERGED,
     "serialize_group_samples": "groups travel to the buffer as one message anyway",
     "return_routed_experts": "MoE routing replay is not available",
     "use_beam_search": "the rollout samples; beam search is not available",
@@ -493,6 +506,7 @@ class _Translator:
         self.gpus_per_node = self.get("cluster.n_gpus_per_node", 8)
         self.allocations()
         self.weight_update()
+        self.lora()
         self.names()
         self.checkpoints()
         self.evaluation()
@@ -588,6 +602,40 @@ class _Translator:
         if mode == "awex":
             text += " (AWEX is not available; torch.distributed broadcast instead)"
         self.mapped("actor.weight_update_mode", shown, text)
+
+    def lora(self) -> None:
+        """AReaL's FSDP LoRA keys have Flywheel's names and meaning: reported as mapped.
+        Only trained models get adapters, so a reference model's are reported ignored."""
+        for engine in ("actor", "critic"):
+            if self.get(f"{engine}.use_lora") is not True:
+                continue
+            self.mapped(
+                f"{engine}.use_lora",
+                True,
+                f"{engine}.use_lora: LoRA adapters trained with FSDP2, base weights frozen; "
+                "rollout serves the merged weights",
+            )
+            rank = self.get(f"{engine}.lora_rank", 32)  # AReaL's defaults: r 32, alpha 16
+            alpha = self.get(f"{engine}.lora_alpha", 16)
+            for key in ("peft_type", "lora_rank", "lora_alpha"):
+                if self.get(f"{engine}.{key}") is not None:
+                    text = f"{engine}.{key}"
+                    if key == "lora_alpha":
+                        text += f" (update scaled by lora_alpha / lora_rank = {alpha}/{rank})"
+                    self.mapped(f"{engine}.{key}", self.get(f"{engine}.{key}"), text)
+            modules = self.get(f"{engine}.target_modules")
+            if modules is not None:
+                every = not modules or list(modules) == ["all-linear"]
+                text = f"{engine}.target_modules" + (
+                    " (every linear layer but the output head)" if every else ""
+                )
+                self.mapped(f"{engine}.target_modules", modules, text)
+        for engine in ("ref", "teacher"):
+            if self.get(f"{engine}.use_lora") is True:
+                self.drop(
+                    f"{engine}.use_lora",
+                    f"the {engine} model is not trained: no adapters (it is the base model)",
+                )
 
     def names(self) -> None:
         root = {
@@ -739,6 +787,8 @@ class _Translator:
         for key, value in block.items():
             if key in own:
                 self.ignored(f"sglang.{key}", value, "set by the rollout itself")
+            elif key in _SGLANG_LORA:
+                self.ignored(f"sglang.{key}", value, _MERGED)
             elif value is not None:
                 args[key] = value
         launch = self.get("rollout.sglang.launch_args") or {}

@@ -88,14 +88,20 @@ def test_areals_own_gsm8k_examples_load_with_dry_run(
         assert any(f"{key} = " in err for key in refused), err
         assert "rejection_sampling" in err
         return
-    if (resolve_interpolations(raw).get("actor") or {}).get("use_lora") is True:
-        # AReaL trains LoRA adapters (gsm8k_grpo_lora.yaml); Flywheel's trainer updates the
-        # full weights only, and says so at load rather than train another model.
-        assert code == 2, out
-        assert "actor.use_lora = True: LoRA training is not implemented" in err
-        return
     assert code == 0, err
     resolved = yaml.safe_load(out)  # the table is YAML comments: stdout stays YAML
+    actor = resolve_interpolations(raw).get("actor") or {}
+    if actor.get("use_lora") is True:
+        # AReaL trains LoRA adapters (gsm8k_grpo_lora.yaml): so does Flywheel, with the
+        # file's rank, alpha and targets; rollout serves the merged weights, so SGLang's
+        # LoRA serving arguments stay out of its launch arguments.
+        for key in ("use_lora", "lora_rank", "lora_alpha", "target_modules", "peft_type"):
+            if key in actor:
+                assert resolved["actor"][key] == actor[key], key
+                assert f"# actor.{key} " in out, key  # a table row, mapped
+        launch = resolved["rollout"]["sglang"].get("launch_args") or {}
+        assert not {"enable_lora", "max_lora_rank"} & set(launch), launch
+        assert "rollout serves merged weights" in err
     assert resolved["experiment_name"] == raw["experiment_name"]
     warnings = [line for line in err.splitlines() if ": warning: " in line]
     assert warnings, "ignored AReaL keys are reported"
@@ -307,6 +313,50 @@ def test_cpu_template_runs_the_torch_engine_on_cpu(tmp_path: Path) -> None:
     assert (config.trainer.backend, config.trainer.device) == ("gloo", "cpu")
     assert (config.rollout.engine, config.rollout.torch_device) == ("torch", "cpu")
     assert config.trainer.weight_transport == "disk"
+
+
+def test_lora_keys_map_and_lora_serving_keys_are_reported(tmp_path: Path) -> None:
+    # The LoRA part of AReaL's gsm8k_grpo_lora.yaml, written here: rollout.use_lora feeds
+    # actor.use_lora and sglang.enable_lora by interpolation, gconfig.lora_name names the
+    # adapter SGLang would serve.
+    tree = _variant(
+        {
+            "use_lora": "${rollout.use_lora}",
+            "peft_type": "lora",
+            "lora_rank": 16,
+            "lora_alpha": 32,
+            "target_modules": ["all-linear"],
+            "weight_update_mode": "disk",
+        },
+        sglang={"enable_lora": "${actor.use_lora}", "max_lora_rank": "${actor.lora_rank}"},
+    )
+    tree["rollout"]["use_lora"] = True
+    tree["gconfig"]["lora_name"] = "lora-gsm8k"
+    path = tmp_path / "lora.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    config, report = load_with_report(path)
+    actor = config.actor
+    assert (actor.use_lora, actor.peft_type, actor.lora_rank, actor.lora_alpha) == (
+        True,
+        "lora",
+        16,
+        32,
+    )
+    assert actor.target_modules == ["all-linear"]
+    rows = {r.key: r for r in report.translations}
+    for key in ("use_lora", "peft_type", "lora_rank", "lora_alpha", "target_modules"):
+        assert rows[f"actor.{key}"].action == "mapped", key
+    assert "32/16" in rows["actor.lora_alpha"].flywheel  # scale alpha / r
+    for key in (
+        "rollout.use_lora",
+        "gconfig.lora_name",
+        "sglang.enable_lora",
+        "sglang.max_lora_rank",
+    ):
+        assert rows[key].action == "ignored", key
+        assert "rollout serves merged weights" in rows[key].flywheel, key
+    # SGLang is not asked to serve adapters: it gets the merged weights.
+    assert not {"enable_lora", "max_lora_rank"} & set(config.rollout.sglang.launch_args)
 
 
 def test_sapo_rejection_sampling_is_dropped_as_areal_does(tmp_path: Path) -> None:
