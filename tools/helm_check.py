@@ -21,7 +21,7 @@ finding. What it cannot see: the files on the shared volume and the cluster's DN
     python tools/helm_check.py --write-readme  # regenerate the README parameters table
 
 The functions are also what `tests/deploy/test_helm_chart.py` and the Kubernetes
-launcher's tests use, so the chart and the launcher's manifests are held to one standard.
+launcher's tests use (the launcher deploys this chart, rendered with its own values).
 """
 
 from __future__ import annotations

@@ -354,10 +354,10 @@ def test_compose_hands_weights_over_on_a_volume_both_containers_mount(stack):
 
 
 def test_the_kubernetes_launcher_runs_sglang_as_the_chart_does(pod):
-    """`flywheel run` with `scheduler.type: kubernetes` builds its own SGLang container: it
-    had the defects the chart lost (a `/health` probe that generates, HF_HOME alone under a
-    read-only root, the old `/opt/sglang` interpreter). Its caches, interpreter and probe
-    commands must be the chart's."""
+    """`flywheel run` with `scheduler.type: kubernetes` renders the chart: once it built its
+    own SGLang container, with the defects the chart lost (a `/health` probe that generates,
+    HF_HOME alone under a read-only root, the old `/opt/sglang` interpreter). The engine
+    `sglang` must turn on the chart's container: its caches, interpreter and probes."""
     from services.common.config import load_config
     from services.launcher import kubernetes as k8s
 
@@ -374,7 +374,7 @@ def test_the_kubernetes_launcher_runs_sglang_as_the_chart_does(pod):
     )
     [sts] = [
         o
-        for o in k8s.build_manifests(cfg)
+        for o in k8s.manifests(cfg)
         if o["kind"] == "StatefulSet" and o["metadata"]["name"].endswith("-rollout")
     ]
     spec = sts["spec"]["template"]["spec"]
