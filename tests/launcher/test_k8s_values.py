@@ -482,3 +482,25 @@ def test_tls_from_a_secret_reaches_every_service_pod(cfg):
                 assert c[probe]["httpGet"] == {"path": "/readyz", "port": "metrics"}
         assert seen == set(SERVICE_CONTAINERS)
         assert "/home/me" not in yaml.safe_dump(config_map(objects))
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        (),
+        ("rollout.n_replicas=3",),
+        ("rollout.engine=sglang", "trainer.backend=nccl", "trainer.device=cuda"),
+    ],
+    ids=["default", "3-replicas", "sglang-nccl"],
+)
+def test_every_pod_of_the_run_would_start(extra, helm_check):
+    """helm_check's preflight: each Flywheel container of each pod runs its service's
+    `--check` on the ConfigMap with its own args and environment, as the kubelet expands
+    them. The values the launcher derives must agree with the config they carry."""
+    assert helm_check.preflight(k8s.manifests(load(*extra))) == []
+
+
+def test_the_preflight_finds_values_that_disagree_with_the_config(helm_check):
+    objects = k8s.manifests(load(), extra_values={"trainer": {"nprocPerNode": 3}})
+    [problem] = helm_check.preflight(objects)
+    assert "--nproc-per-node=3" in problem and "trainer.n_ranks=2" in problem
