@@ -158,6 +158,36 @@ def test_only_adapters_get_gradients_and_the_optimizer(
             assert torch.equal(after[n], before[n]), f"frozen {n} moved"
 
 
+def test_a_lora_critic_trains_its_new_value_head_too(tiny_model_dir: Path, tmp_path: Path) -> None:
+    # The value head starts from a fresh initialisation: frozen, the critic could not learn
+    # values at all (PEFT's token-classification task keeps it trainable the same way).
+    cfg = trainer_config(tiny_model_dir, tmp_path, *LORA).actor
+    critic = TrainEngine(cfg, _ctx(), critic=True, total_steps=4)
+    trained = {n for n, p in critic.module.named_parameters() if p.requires_grad}
+    assert {n for n in trained if not is_adapter(n)} == {"score.weight", "score.bias"}
+    assert "score" not in critic.lora  # the head itself gets no adapter
+
+
+def test_gradient_checkpointing_gives_the_same_lora_step(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    # AReaL's gsm8k_grpo_lora.yaml turns gradient checkpointing on: with a frozen base and
+    # frozen embeddings, recomputation must still reach the adapters.
+    groups = synthetic_groups(tiny_model_dir, n_groups=2, seed=1)
+    results = []
+    for gc in ("false", "true"):
+        cfg = trainer_config(tiny_model_dir, tmp_path, *LORA, f"actor.gradient_checkpointing={gc}")
+        trainer = PPOTrainer(cfg)
+        r = trainer.train_batch(groups)
+        results.append((r.loss, r.grad_norm, trainer.actor.full_state_dict()))
+    (loss0, norm0, w0), (loss1, norm1, w1) = results
+    assert norm0 > 0
+    torch.testing.assert_close(loss1, loss0, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(norm1, norm0, rtol=1e-5, atol=1e-7)
+    for n in w0:
+        torch.testing.assert_close(w1[n], w0[n], rtol=0, atol=1e-6)
+
+
 def test_merged_state_dict_is_w_plus_scaled_ba_under_the_base_names(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
