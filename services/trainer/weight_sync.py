@@ -18,6 +18,12 @@ the version it now serves.
   before joining again.
 - `grpc`: the tensors streamed as chunks to each replica.
 
+Every transport carries plain Hugging Face weights under their original names. A LoRA actor
+(`actor.use_lora`) publishes its merged weights `W + (alpha / r) · B @ A`
+(`TrainEngine.full_state_dict`, services/trainer/lora.py), so the torch engine and SGLang
+serve it as an ordinary model; AReaL instead sends the adapter alone and the inference
+server applies it.
+
 A publication is complete when every replica answers with the new version, or has failed
 and been marked unhealthy for that version (counted in `unhealthy_replicas_total`, never
 silent); so is one that took the update but then fails the parity probe (`check_parity`,
