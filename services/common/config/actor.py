@@ -838,6 +838,12 @@ class TeacherConfig(TrainEngineConfig):
     distill_loss_weight: float = Field(default=0.005, ge=0.0)
     """Weight of the distillation (reverse KL to the teacher) term."""
 
+    # AReaL refuses its removed importance-weight cap in the teacher block as in the actor's.
+    legacy_keys: ClassVar[dict[str, str]] = {
+        key: _REJECTION_SAMPLING_MIGRATION
+        for key in ("behave_imp_weight_cap", "behav_imp_weight_cap", "behave_imp_weight_mode")
+    }
+
     @model_validator(mode="before")
     @classmethod
     def _areal_nesting(cls, data: Any) -> Any:
@@ -854,6 +860,9 @@ class TeacherConfig(TrainEngineConfig):
         data.pop("rollout", None)
         train = data.pop("train", None)
         if isinstance(train, dict):
+            for key, migration in cls.legacy_keys.items():
+                if key in train:
+                    raise RuleViolation(f"train.{key}", train[key], migration)
             engine_fields = set(TrainEngineConfig.model_fields)
             loss_only = set(PPOActorConfig.model_fields) - engine_fields
             for key, value in train.items():

@@ -4,9 +4,12 @@ refuses."""
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
 
-from services.common.config import FlywheelConfig, TeacherConfig, load_config
+import pytest
+import yaml
+
+from services.common.config import ConfigError, FlywheelConfig, TeacherConfig, load_config
 
 
 def test_defaults_are_areals() -> None:
@@ -61,3 +64,30 @@ def test_root_block_loads_from_overrides() -> None:
 def test_a_teacher_without_a_checkpoint_is_refused_when_the_actor_has_one() -> None:
     with pytest.raises(ValueError, match="teacher.path"):
         load_config(None, ["actor.path=/ckpt/actor", "+teacher.dtype=float32", "actor.kl_ctl=0"])
+
+
+@pytest.mark.parametrize("key", ["behave_imp_weight_cap", "behave_imp_weight_mode"])
+@pytest.mark.parametrize("nested", [False, True])
+def test_the_removed_weight_cap_gets_the_actors_migration_message(
+    key: str, nested: bool, tmp_path: Path
+) -> None:
+    # AReaL refuses behave_imp_weight_cap/_mode wherever a PPOActorConfig is read, the
+    # teacher's `train:` block included; the message is the actor's migration to
+    # rejection_sampling, not a "did you mean" to an unrelated teacher key.
+    block = {"path": "/ckpt/teacher", key: 5}
+    teacher = {"train": block} if nested else block
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"teacher": teacher}))
+    with pytest.raises(ConfigError) as info:
+        # The nested form is read as Flywheel's (TeacherConfig's `train:` nesting); detected
+        # as AReaL's it goes through the translation instead.
+        load_config(str(path), source="flywheel" if nested else "auto")
+    (issue,) = info.value.issues
+    assert issue.path == ("teacher.train." if nested else "teacher.") + key
+    assert "did you mean" not in issue.message
+    assert "rejection_sampling: {level: token, action: mask, metric: ratio, upper: 5.0}" in (
+        issue.message
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [f"+actor.{key}=5"])
+    assert info.value.issues[0].message == issue.message  # the same text as the actor's
