@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -58,9 +59,10 @@ def test_stop_sends_sigterm_then_the_process_exits(tmp_path):
         """
     )
     proc = ServiceProcess("svc", [sys.executable, "-c", code], tmp_path, echo=False).start()
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 120  # a guard; a SIGTERM before the handler is no test
     while "ready" not in proc.last_lines() and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert "ready" in proc.last_lines()
     assert proc.stop(timeout=20) == 0
     assert "draining" in (tmp_path / "svc.log").read_text()
 
@@ -108,7 +110,7 @@ def test_children_die_when_the_launcher_is_killed(tmp_path):
     os.kill(child, 0)  # alive while the launcher lives
     parent.kill()
     parent.wait()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # a guard: the kill is at once, a loaded machine is slow
     while time.monotonic() < deadline:
         try:
             os.kill(child, 0)
@@ -178,6 +180,15 @@ _HEALTH_SERVER = textwrap.dedent(
 )
 
 
+def all_stopped(pid: int) -> bool:
+    """Every thread of `pid` is stopped by a signal (proc(5) state T)."""
+    states = [
+        (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        for task in Path(f"/proc/{pid}/task").iterdir()
+    ]
+    return all(state == "T" for state in states)
+
+
 def test_liveness_counts_any_answer_and_finds_a_stopped_service_hung(tmp_path):
     proc = ServiceProcess(
         "svc", [sys.executable, "-c", _HEALTH_SERVER], tmp_path, echo=False
@@ -188,14 +199,20 @@ def test_liveness_counts_any_answer_and_finds_a_stopped_service_hung(tmp_path):
             time.sleep(0.05)
         port = int(proc.last_lines(1).split()[1])
         probe = Liveness(f"127.0.0.1:{port}", timeout_s=2.0)
-        assert probe.probe() and not probe.hung()  # NOT_SERVING is an answer
+        # NOT_SERVING is an answer; the first probe also connects (generous on a busy machine)
+        assert probe.probe(deadline_s=30.0) and not probe.hung()
         assert proc.pid is not None
         os.kill(proc.pid, signal.SIGSTOP)  # alive to waitpid, silent to everyone
+        deadline = time.monotonic() + 60  # its own guard: the start may have used the first
+        # kill() returns before every thread has stopped: on a busy machine one answered
+        # the first probe. Probe once all of them are (state T in proc(5)).
+        while not all_stopped(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
         while not probe.hung() and time.monotonic() < deadline:
             assert not probe.probe(deadline_s=0.5)
         assert probe.hung() and proc.alive()
         os.kill(proc.pid, signal.SIGCONT)
-        assert probe.probe(deadline_s=10.0) and not probe.hung()
+        assert probe.probe(deadline_s=60.0) and not probe.hung()
         probe.close()
     finally:
         proc.kill()
