@@ -45,18 +45,19 @@ STEPS = 20
 BATCH = 4  # groups per step (tiny_run_config's rollout.consumer_batch_size)
 ETA = 1
 SAVE_FREQ = 2
-LIVENESS_S = 6.0
+LIVENESS_S = 6.0  # the SIGSTOP test's; the other faults keep the default (below)
+GENEROUS_LIVENESS_S = 120.0  # launcher's default: a loaded machine's slow answer is no hang
 REWARD_DEADLINE_MS = 3000
 
 
-def chaos_config(tmp_path: Path) -> Path:
+def chaos_config(tmp_path: Path, liveness_s: float) -> Path:
     cfg = tiny_run_config(tmp_path / "runs", experiment="chaos", steps=STEPS)
     cfg["launcher"].update(
         {
             "max_restarts": 3,
             "restart_backoff_seconds": 0.2,
             "restart_backoff_max_seconds": 2.0,
-            "liveness_timeout_seconds": LIVENESS_S,
+            "liveness_timeout_seconds": liveness_s,
         }
     )
     cfg["rollout"]["max_head_offpolicyness"] = ETA
@@ -83,6 +84,16 @@ def alive(pid: int) -> bool:
             return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def identity(pid: int) -> tuple[int, int] | None:
+    """(pid, start time since boot) of a live process, None when none (or a zombie) runs."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return None
+    return None if fields[0] == "Z" else (pid, int(fields[19]))  # proc(5) field 22
 
 
 def of_run(run_dir: Path) -> list[int]:
@@ -123,14 +134,14 @@ class Fault:
 class ChaosRun:
     """One `flywheel run` of `chaos_config`, its output in `launcher.log`."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, liveness_s: float = GENEROUS_LIVENESS_S) -> None:
         self.run_dir = tmp_path / "runs" / "chaos" / "t"
         self.log = tmp_path / "launcher.log"
         self.seed = int(os.environ.get("FLYWHEEL_CHAOS_SEED", random.randrange(1 << 30)))
         print(f"chaos seed {self.seed} (FLYWHEEL_CHAOS_SEED={self.seed} repeats these moments)")
         self.rng = random.Random(self.seed)
         self.proc = subprocess.Popen(
-            [*FLYWHEEL, "run", "--config", str(chaos_config(tmp_path))],
+            [*FLYWHEEL, "run", "--config", str(chaos_config(tmp_path, liveness_s))],
             stdout=self.log.open("w"),
             stderr=subprocess.STDOUT,
             # Auth off (no operator token), so the test reads the buffer's counters as is.
@@ -139,7 +150,9 @@ class ChaosRun:
                 "PYTHONUNBUFFERED": "1",
             },
         )
-        self.pids_seen: set[int] = set()
+        # (pid, start time): a pid of a service that died may name another process later
+        # (pids wrap; the other test worker starts processes all the time).
+        self.pids_seen: set[tuple[int, int]] = set()
         self._buffer_stub: Any = None
 
     def output(self) -> str:
@@ -169,7 +182,7 @@ class ChaosRun:
             pids = {k: int(v) for k, v in json.loads(path.read_text()).items() if v}
         except (FileNotFoundError, json.JSONDecodeError):
             return {}
-        self.pids_seen.update(pids.values())
+        self.pids_seen.update(i for i in map(identity, pids.values()) if i is not None)
         return pids
 
     def restarts_of(self, name: str) -> list[dict[str, Any]]:
@@ -293,5 +306,6 @@ def check_promises(
     assert ledger["ok"], ledger
     assert ledger["buffer_acked"] == int(buffer["acked_total"]), (ledger, buffer)
 
-    left = sorted({pid for pid in run.pids_seen if alive(pid)} | set(of_run(run.run_dir)))
+    still = {pid for pid, start in run.pids_seen if identity(pid) == (pid, start)}
+    left = sorted(still | set(of_run(run.run_dir)))
     assert not left, f"processes of the run left behind: {left}"

@@ -75,7 +75,9 @@ def test_kill_9_of_redis_loses_at_most_the_last_seconds_puts(tmp_path: Path) -> 
     check_restart(summary, "redis-server", run.output())
     # The samples end just before the kill; a put between the last one and the kill is
     # bounded by the rollouts in flight (rollout.max_concurrent_rollouts, 8).
-    bound = fault.puts_within(2.0) + 8
+    # Redis 6.2 counts its 2 s postponement in whole seconds of a cached clock, until its
+    # next flush attempt: the puts of the 3 s before (here all that were sampled) bound it.
+    bound = fault.puts_within(3.0) + 8
     check_promises(run, summary, max_lost_puts=bound)
 
 
@@ -84,7 +86,7 @@ def test_sigstop_of_reward_past_its_deadline_is_killed_and_restarted(tmp_path: P
     (`reward.deadline_ms`); the launcher's liveness probe finds it silent for
     `launcher.liveness_timeout_seconds`, kills it and starts it again."""
     assert LIVENESS_S * 1000 > REWARD_DEADLINE_MS
-    run = ChaosRun(tmp_path)
+    run = ChaosRun(tmp_path, liveness_s=LIVENESS_S)
     try:
         run.inject("reward", signal.SIGSTOP)
         run.wait_restarted("reward")
