@@ -108,7 +108,13 @@ def prepare_model(cfg: FlywheelConfig, run_dir: Path, log: Any = print) -> None:
             rows = read_rows(cfg.train_dataset.path)  # type: ignore[arg-type]
             log(f"warm start: {ws.steps} supervised steps on {len(rows)} prompts")
             stats = warm_start(
-                base, sft, rows, ws, prompt_key=cfg.train_dataset.prompt_key, log=log
+                base,
+                sft,
+                rows,
+                ws,
+                prompt_key=cfg.train_dataset.prompt_key,
+                device=cfg.trainer.device,
+                log=log,
             )
             log(
                 f"warm start done in {stats['warm_start_seconds']:.1f}s, loss {stats['warm_start_loss']:.4f}"

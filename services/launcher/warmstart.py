@@ -1,23 +1,36 @@
-"""Supervised warm start of the tiny demo model on generated data.
+"""Supervised warm start of the tiny demo model: a `flywheel sft` run on generated data.
 
 Real RL recipes start from an instruction-tuned model that already answers in the asked
-form and is sometimes right; RL then sharpens it. A freshly initialised tiny model never
-produces `#### N`, so every reward would be 0 and GRPO would have nothing to rank. A short
-answer-only supervised phase (loss on the answer tokens, not the prompt) gets sampled
-accuracy to roughly a third, which leaves RL a clear job: lift it above 0.9.
+form and is usually right greedily but often wrong when sampled; RL then sharpens it. A
+freshly initialised tiny model never produces `#### N`, so every reward would be 0 and
+GRPO would have nothing to rank. The warm start is `services.trainer.sft.run_sft` (the
+trainer's `TrainEngine`, the answer-token loss, `actor.optimizer`'s schedule) on the
+train rows with their answers in the GSM8K form, with label smoothing so the policy ranks
+the right sum first but stays unsure (high greedy, low sampled accuracy at T = 1).
+
+`WarmStartConfig` becomes that run's config: `steps` -> `total_train_steps`,
+`batch_size` -> `train_dataset.batch_size`, `lr` / `warmup_steps` / `cosine_decay` ->
+`actor.optimizer` (AdamW without weight decay, gradient clipping at 1, a linear warm-up,
+then constant or a cosine to 0.1 x the peak), `label_smoothing` -> the SFT loss's
+smoothing, `seed` -> the data order. The run lives in `<out_dir>-run/` (its rows as
+`data.jsonl`, `sft_metrics.jsonl`, `sft/summary.json`, `sft/hf`, TensorBoard events);
+its export is copied to `out_dir`, and `warm_start.json`, written last, marks it done.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import random
+import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from services.common.config import FlywheelConfig
 from services.common.config.launcher import WarmStartConfig
+
+MIN_LR_RATIO = 0.1
+"""Where the cosine of `cosine_decay` ends, as a fraction of the peak rate."""
 
 
 def target_text(row: dict[str, Any]) -> str:
@@ -26,16 +39,43 @@ def target_text(row: dict[str, Any]) -> str:
     return answer if "####" in answer else f"#### {answer}"
 
 
-def _encode(
-    tokenizer: Any, rows: Sequence[dict[str, Any]], prompt_key: str
-) -> list[tuple[list[int], list[int]]]:
-    eos = tokenizer.eos_token_id
-    out = []
-    for row in rows:
-        prompt = tokenizer.encode(str(row[prompt_key]), add_special_tokens=False)
-        target = tokenizer.encode(target_text(row), add_special_tokens=False) + [eos]
-        out.append((prompt, target))
-    return out
+def sft_run_dir(out_dir: Path) -> Path:
+    """Where the warm start's SFT run writes its rows, metrics, summary and export."""
+    return out_dir.with_name(f"{out_dir.name}-run")
+
+
+def sft_config(
+    model_dir: Path, data_path: Path, cfg: WarmStartConfig, *, device: str = "cpu"
+) -> FlywheelConfig:
+    """The `flywheel sft` config of the warm start (float32, on `device`)."""
+    return FlywheelConfig.model_validate(
+        {
+            "seed": cfg.seed,
+            "total_train_steps": cfg.steps,
+            "tokenizer_path": str(model_dir),
+            "actor": {
+                "path": str(model_dir),
+                "dtype": "float32",
+                "optimizer": {
+                    "type": "adam",
+                    "lr": cfg.lr,
+                    "weight_decay": 0.0,
+                    "warmup_steps": cfg.warmup_steps,
+                    "lr_scheduler_type": "cosine" if cfg.cosine_decay else "constant",
+                    "min_lr_ratio": MIN_LR_RATIO,
+                    "gradient_clipping": 1.0,
+                },
+            },
+            "trainer": {"device": device},
+            "train_dataset": {
+                "path": str(data_path),
+                "type": "sft",
+                "batch_size": cfg.batch_size,
+                "prompt_key": "prompt",
+                "answer_key": "answer",
+            },
+        }
+    )
 
 
 def warm_start(
@@ -45,66 +85,36 @@ def warm_start(
     cfg: WarmStartConfig,
     *,
     prompt_key: str = "prompt",
+    device: str = "cpu",
     log: Any = print,
 ) -> dict[str, float]:
-    """Train `model_dir` on (prompt → answer) pairs and save the result to `out_dir` (HF)."""
-    import torch
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+    """Fine-tune `model_dir` on (prompt -> answer) rows with `flywheel sft` and write the
+    result to `out_dir` (a Hugging Face directory with `warm_start.json`)."""
+    from services.trainer.sft import run_sft
 
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(model_dir))
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    model.train()
-    pairs = _encode(tokenizer, train_rows, prompt_key)
-    rng = random.Random(cfg.seed)
-    torch.manual_seed(cfg.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
-    warmup = max(1, cfg.warmup_steps)
-    decay = max(1, cfg.steps - warmup)
+    run_dir = sft_run_dir(out_dir)
+    shutil.rmtree(run_dir, ignore_errors=True)  # a half-finished earlier attempt
+    run_dir.mkdir(parents=True)
+    data_path = run_dir / "data.jsonl"
+    with data_path.open("w", encoding="utf-8") as fh:
+        for row in train_rows:
+            fh.write(json.dumps({"prompt": row[prompt_key], "answer": target_text(row)}) + "\n")
 
-    def factor(step: int) -> float:
-        # Linear warm-up (without it the first steps overshoot), then constant or a half
-        # cosine to 10% of the peak.
-        if step < warmup:
-            return (step + 1) / warmup
-        if not cfg.cosine_decay:
-            return 1.0
-        progress = min(1.0, (step - warmup) / decay)
-        return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress))
+    def progress(record: dict[str, Any]) -> None:
+        step = int(record["step"])
+        if step % 50 == 1 or step == cfg.steps:
+            log(f"warm start step {step}/{cfg.steps} loss {record['loss']:.4f}")
 
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
-    pad = tokenizer.pad_token_id
     start = time.monotonic()
-    loss_value = math.nan
-    for step in range(cfg.steps):
-        batch = [pairs[rng.randrange(len(pairs))] for _ in range(cfg.batch_size)]
-        length = max(len(p) + len(t) for p, t in batch)
-        ids = torch.full((len(batch), length), pad, dtype=torch.long)
-        labels = torch.full((len(batch), length), -100, dtype=torch.long)
-        attn = torch.zeros((len(batch), length), dtype=torch.long)
-        for i, (p, t) in enumerate(batch):
-            seq = p + t
-            ids[i, : len(seq)] = torch.tensor(seq)
-            labels[i, len(p) : len(seq)] = torch.tensor(t)
-            attn[i, : len(seq)] = 1
-        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
-        loss = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]),
-            labels[:, 1:].reshape(-1),
-            ignore_index=-100,
-            label_smoothing=cfg.label_smoothing,
-        )
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        loss_value = float(loss.detach())
-        if step % 50 == 0 or step == cfg.steps - 1:
-            log(f"warm start step {step + 1}/{cfg.steps} loss {loss_value:.4f}")
-    model.eval()
+    summary = run_sft(
+        sft_config(model_dir, data_path, cfg, device=device),
+        run_dir=run_dir,
+        label_smoothing=cfg.label_smoothing,
+        on_step=progress,
+    )
+    seconds = time.monotonic() - start
     out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out_dir), safe_serialization=True)
-    tokenizer.save_pretrained(str(out_dir))
-    stats = {"warm_start_loss": loss_value, "warm_start_seconds": time.monotonic() - start}
-    (out_dir / "warm_start.json").write_text(json.dumps(stats))
+    shutil.copytree(summary["model"], out_dir, dirs_exist_ok=True)
+    stats = {"warm_start_loss": float(summary["last_loss"]), "warm_start_seconds": seconds}
+    (out_dir / "warm_start.json").write_text(json.dumps({**stats, "sft_run": str(run_dir)}))
     return stats

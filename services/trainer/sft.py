@@ -14,6 +14,13 @@ the same Hugging Face directory an RL run starts from. Each epoch shuffles the r
 `<run_dir>/sft_metrics.jsonl`, the tracking block's writers (`sft/loss`, `sft/lr`,
 `sft/grad_norm`, `sft/n_tokens`) and, at the end, `<run_dir>/sft/hf` (the model).
 
+Label smoothing (`--label-smoothing E`, `run_sft(label_smoothing=E)`, default 0) is a
+Flywheel option AReaL's SFT loss does not have: each answer token's target is
+(1 - E) on the token and E spread evenly over the vocabulary, torch's
+`cross_entropy(label_smoothing=E)`. With E = 0 the loss is AReaL's. The launcher's demo
+warm start uses it (services/launcher/warmstart.py): the policy learns to rank the right
+answer first while staying unsure, the gap between greedy and sampled accuracy RL closes.
+
 A config written for AReaL (`examples/math/gsm8k_sft.yaml`) loads as `flywheel run`
 loads it (translated); `--dry-run` prints the resolved config and exits.
 """
@@ -25,7 +32,7 @@ import json
 import math
 import random
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -83,8 +90,64 @@ def sft_batch(examples: Sequence[tuple[list[int], list[int]]], pad_id: int) -> A
     )
 
 
-def run_sft(cfg: Any) -> dict[str, Any]:
-    """Train `cfg.actor` on `cfg.train_dataset`; returns the summary rank 0 writes."""
+def smoothed_token_loss(
+    logits: Any, input_ids: Any, label_smoothing: float, *, first_position: int = 0
+) -> Any:
+    """Per-token loss `[B, T]` of predicting `input_ids[:, t]` from the model's outputs
+    `logits` `[B, T - first_position, V]` (at positions `first_position` onwards), with
+    label smoothing e (torch's `cross_entropy(label_smoothing=e)` at each position):
+
+        loss_t = (1 - e) * (-log p(ids[t])) + e * mean_v(-log p(v)),  log p = log_softmax
+
+    and 0 at t <= first_position (nothing there is predicted by these outputs). In float32.
+    """
+    import torch
+
+    from services.trainer.logprobs import token_logprobs
+
+    logp, _ = token_logprobs(logits, input_ids, 1.0, first_position=first_position)
+    pred = logits[:, :-1, :].float()
+    uniform = torch.zeros_like(logp)
+    # -mean_v log p(v) = logsumexp - mean of the logits.
+    uniform[:, first_position + 1 :] = torch.logsumexp(pred, dim=-1) - pred.mean(dim=-1)
+    return (1.0 - label_smoothing) * -logp + label_smoothing * uniform
+
+
+def answer_token_loss(engine: Any, mb: Any, label_smoothing: float = 0.0) -> Any:
+    """Per-token loss `[b, t]` of `mb` under `engine` (the caller masks it to the answer):
+    -log p of each token (AReaL's SFT loss), or with `label_smoothing` > 0
+    `smoothed_token_loss`."""
+    import torch
+
+    from services.trainer.logprobs import first_scored_position
+
+    if label_smoothing <= 0.0:
+        logp, _ = engine.logprobs(mb)
+        return -logp
+    if mb is None or mb.size == 0:
+        logits = engine.logits(mb)  # one dummy position: joins the collectives
+        ids = torch.zeros(logits.shape[:2], dtype=torch.int64, device=logits.device)
+        return smoothed_token_loss(logits, ids, label_smoothing)
+    first = first_scored_position(mb.loss_mask)
+    logits = engine.logits(mb, first_position=first)
+    ids = mb.input_ids.to(logits.device)
+    return smoothed_token_loss(logits, ids, label_smoothing, first_position=first)
+
+
+def run_sft(
+    cfg: Any,
+    *,
+    run_dir: Path | None = None,
+    label_smoothing: float = 0.0,
+    on_step: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Train `cfg.actor` on `cfg.train_dataset`; returns the summary rank 0 writes.
+
+    `run_dir` replaces `<cluster.fileroot>/<experiment_name>/<trial_name>` as the place of
+    the metrics, event files and export (the launcher's warm start writes next to its
+    model). `label_smoothing` in [0, 1) smooths the answer tokens' targets (see the module
+    docstring); 0 is AReaL's SFT loss. `on_step` gets each step's record on rank 0 (the
+    launcher's progress lines)."""
     import torch
     import torch.distributed as dist
 
@@ -101,6 +164,8 @@ def run_sft(cfg: Any) -> dict[str, Any]:
         raise ValueError(
             "train_dataset.path: SFT needs a JSONL/parquet file of prompts and answers"
         )
+    if not 0.0 <= label_smoothing < 1.0:
+        raise ValueError(f"label_smoothing={label_smoothing}: expected a value in [0, 1)")
     ctx = init_distributed(cfg.trainer.device)
     # The rollout engines' loader: the same ids as the rollouts, on either transformers major.
     tokenizer = load_tokenizer(cfg.tokenizer_path or cfg.actor.path)
@@ -120,7 +185,8 @@ def run_sft(cfg: Any) -> dict[str, Any]:
         )
     total = cfg.total_train_steps or per_epoch * cfg.total_train_epochs
     engine = TrainEngine(cfg.actor, ctx, total_steps=total, temperature=1.0)
-    run_dir = Path(cfg.cluster.fileroot) / cfg.experiment_name / cfg.trial_name
+    if run_dir is None:
+        run_dir = Path(cfg.cluster.fileroot) / cfg.experiment_name / cfg.trial_name
     tracker = Tracker(cfg, run_dir) if ctx.is_main else None
     metrics = None
     if ctx.is_main:
@@ -139,14 +205,15 @@ def run_sft(cfg: Any) -> dict[str, Any]:
                 rows = order[start : start + batch_size][ctx.rank :: ctx.world_size]
                 mb = sft_batch([examples[i] for i in rows], pad_id) if rows else None
                 engine.zero_grad()
-                logp, _ = engine.logprobs(mb)
+                lr = engine.lr  # the rate this step uses (clip_and_step advances it)
+                token_loss = answer_token_loss(engine, mb, label_smoothing)
                 if mb is None:
-                    loss = logp.sum() * 0.0  # joins the collectives, adds nothing
+                    loss = token_loss.sum() * 0.0  # joins the collectives, adds nothing
                     n_local = torch.zeros((), device=ctx.device)
                 else:
-                    mask = mb.loss_mask.to(logp.device)
+                    mask = mb.loss_mask.to(token_loss.device)
                     n_local = mask.sum()
-                    loss = -(logp * mask).sum()
+                    loss = (token_loss * mask).sum()
                 n_tokens = n_local.detach().clone()
                 if ctx.world_size > 1:
                     dist.all_reduce(n_tokens)
@@ -163,13 +230,15 @@ def run_sft(cfg: Any) -> dict[str, Any]:
                     "step": step,
                     "epoch": epoch,
                     "loss": float(mean),
-                    "lr": engine.lr,
+                    "lr": lr,
                     "grad_norm": float(grad_norm),
                     "n_tokens": int(n_tokens),
                 }
                 if metrics is not None:
                     metrics.write(json.dumps(record) + "\n")
                     metrics.flush()
+                    if on_step is not None:
+                        on_step(record)
                 if tracker is not None:
                     tracker.log_named(
                         {f"sft/{k}": v for k, v in record.items() if k not in ("step", "epoch")},
@@ -203,6 +272,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--config", "-c", help="YAML config file")
     parser.add_argument("--dry-run", action="store_true", help="print the resolved config")
     parser.add_argument(
+        "--label-smoothing",
+        type=float,
+        default=0.0,
+        help="smooth the answer tokens' targets by this much (Flywheel; AReaL's SFT has none)",
+    )
+    parser.add_argument(
         "--from",
         dest="source",
         choices=("auto", "areal", "flywheel"),
@@ -226,7 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(to_yaml(cfg))
         return 0
     try:
-        summary = run_sft(cfg)
+        summary = run_sft(cfg, label_smoothing=args.label_smoothing)
     except ValueError as exc:
         print(f"flywheel sft: {exc}", file=sys.stderr)
         return EXIT_BAD_CONFIG

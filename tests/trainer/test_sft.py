@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import torch
 import yaml
 
 from services import cli
-from services.trainer.sft import sft_batch
+from services.trainer.sft import sft_batch, smoothed_token_loss
 
 AREAL_SRC = os.environ.get("AREAL_SRC", "")
 
@@ -28,11 +29,16 @@ def test_the_loss_mask_covers_the_answer_and_eos_only() -> None:
     assert mb.attention_mask.tolist()[0] == [True, True, True, False, False]
 
 
-@pytest.mark.slow
-def test_sft_teaches_the_answers_and_exports_the_model(
-    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    rows = [{"prompt": f"{a}+{b}=", "answer": f"#### {a + b}"} for a in range(4) for b in range(4)]
+def _sft_config(
+    tmp_path: Path,
+    model: Path,
+    rows: list[dict[str, str]],
+    *,
+    steps: int = 3,
+    batch_size: int = 4,
+    **optim: float,
+) -> Path:
+    """A `flywheel sft` config file: `rows` as JSONL, float32 on the CPU, no weight decay."""
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     config = tmp_path / "sft.yaml"
@@ -41,18 +47,28 @@ def test_sft_teaches_the_answers_and_exports_the_model(
             {
                 "experiment_name": "sft",
                 "trial_name": "t",
+                "seed": 1,
                 "cluster": {"fileroot": str(tmp_path / "runs")},
-                "total_train_steps": 200,
+                "total_train_steps": steps,
                 "actor": {
-                    "path": str(tiny_model_dir),
+                    "path": str(model),
                     "dtype": "float32",
-                    "optimizer": {"lr": 3e-3, "warmup_steps": 0, "weight_decay": 0.0},
+                    "optimizer": {"warmup_steps": 0, "weight_decay": 0.0, **optim},
                 },
                 "trainer": {"device": "cpu"},
-                "train_dataset": {"path": str(data), "batch_size": 8, "type": "sft"},
+                "train_dataset": {"path": str(data), "batch_size": batch_size, "type": "sft"},
             }
         )
     )
+    return config
+
+
+@pytest.mark.slow
+def test_sft_teaches_the_answers_and_exports_the_model(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [{"prompt": f"{a}+{b}=", "answer": f"#### {a + b}"} for a in range(4) for b in range(4)]
+    config = _sft_config(tmp_path, tiny_model_dir, rows, steps=200, batch_size=8, lr=3e-3)
     assert cli.main(["sft", "--config", str(config)]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["steps"] == 200
@@ -89,3 +105,90 @@ def test_areals_gsm8k_sft_yaml_loads(
     resolved = yaml.safe_load(capsys.readouterr().out)
     assert resolved["train_dataset"]["type"] == "sft"
     assert resolved["actor"]["optimizer"]["lr"] == pytest.approx(2e-5, rel=0, abs=1e-12)
+
+
+@pytest.mark.parametrize("first_position", [0, 3])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1, 0.2])
+def test_smoothed_token_loss_is_torchs_label_smoothed_cross_entropy(
+    smoothing: float, first_position: int
+) -> None:
+    gen = torch.Generator().manual_seed(7)
+    b, t, v = 3, 9, 11
+    full = torch.randn(b, t, v, generator=gen) * 3.0
+    ids = torch.randint(0, v, (b, t), generator=gen)
+    got = smoothed_token_loss(
+        full[:, first_position:], ids, smoothing, first_position=first_position
+    )
+    # Reference, position by position: torch's cross_entropy of the output at t-1 against
+    # ids[t] with label_smoothing (its definition: (1 - e) * NLL + e * mean over classes of
+    # -log p); 0 where these outputs predict nothing (t <= first_position).
+    want = torch.zeros(b, t)
+    for pos in range(first_position + 1, t):
+        want[:, pos] = torch.nn.functional.cross_entropy(
+            full[:, pos - 1], ids[:, pos], label_smoothing=smoothing, reduction="none"
+        )
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    if smoothing == 0.0:
+        # e = 0 is AReaL's SFT loss per token (compute_packed_sft_loss in its lm_engine.py:
+        # -log p of the next token, gathered from the log-softmax).
+        nll = -torch.log_softmax(full[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]
+        torch.testing.assert_close(
+            got[:, first_position + 1 :], nll[:, first_position:], rtol=1e-5, atol=1e-5
+        )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("smoothing", [0.0, 0.2])
+def test_the_first_loss_is_the_cross_entropy_of_the_base_model_with_the_smoothing_asked(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], smoothing: float
+) -> None:
+    rows = [{"prompt": f"{a}+{b}=", "answer": f"#### {a + b}"} for a in range(3) for b in range(4)]
+    config = _sft_config(tmp_path, tiny_model_dir, rows, lr=1e-3, warmup_steps=2)
+    argv = ["sft", "--config", str(config), "--label-smoothing", str(smoothing)]
+    assert cli.main(argv) == 0
+    capsys.readouterr()
+    run_dir = tmp_path / "runs" / "sft" / "t"
+    records = [json.loads(x) for x in (run_dir / "sft_metrics.jsonl").read_text().splitlines()]
+    # The rate each step used (services/trainer/optim.py lr_factor): warm-up (s + 1) / 2 of
+    # the peak at step s = 0, 1, then the peak (constant schedule).
+    assert [r["lr"] for r in records] == pytest.approx([0.5e-3, 1e-3, 1e-3], rel=1e-12)
+
+    # The base model on the first batch of epoch 0 (seed 1: the shuffle "1-sft-0"), one row
+    # at a time without padding: the answer tokens + EOS, each predicted by the output before.
+    # smoothing 0: the mean of -log p over those tokens, AReaL's SFT loss
+    # (compute_packed_sft_loss: -sum(masked log p) / count(mask)); smoothing e: torch's
+    # cross_entropy(label_smoothing=e) averaged over the same tokens.
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    order = list(range(len(rows)))
+    random.Random("1-sft-0").shuffle(order)
+    total, nll, count = 0.0, 0.0, 0
+    with torch.no_grad():
+        for i in order[:4]:
+            prompt = tok(rows[i]["prompt"], add_special_tokens=False)["input_ids"]
+            answer = tok(rows[i]["answer"], add_special_tokens=False)["input_ids"]
+            ids = torch.tensor([prompt + answer + [tok.eos_token_id]])
+            logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1]
+            target = ids[0, len(prompt) :]
+            ce = torch.nn.functional.cross_entropy
+            total += float(ce(logits, target, label_smoothing=smoothing, reduction="sum"))
+            nll += float(-torch.log_softmax(logits, -1).gather(-1, target[:, None]).sum())
+            count += len(target)
+    assert records[0]["n_tokens"] == count
+    # float32 sums over ~30 tokens, batched and padded against one row at a time.
+    assert records[0]["loss"] == pytest.approx(total / count, rel=1e-5)
+    if smoothing == 0.0:
+        assert records[0]["loss"] == pytest.approx(nll / count, rel=1e-5)
+    else:
+        assert abs(records[0]["loss"] - nll / count) > 1e-2  # the smoothing is in the loss
+
+
+def test_label_smoothing_outside_0_1_is_refused(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [{"prompt": "1+1=", "answer": "#### 2"}] * 4
+    config = _sft_config(tmp_path, tiny_model_dir, rows, lr=1e-3)
+    assert cli.main(["sft", "--config", str(config), "--label-smoothing", "1.0"]) == 2
+    assert "label_smoothing=1.0: expected a value in [0, 1)" in capsys.readouterr().err
