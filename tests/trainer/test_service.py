@@ -78,13 +78,16 @@ def test_control_metrics_and_clean_exit(
         # ppo_n_minibatches=1 with recompute: importance weight exactly 1, wherever exported.
         assert st.last_stats["importance_weight/avg"] == 1.0
         text = _wait(
-            lambda: httpx.get(f"http://127.0.0.1:{mport}/metrics").text, proc, log, "/metrics"
+            lambda: httpx.get(f"http://127.0.0.1:{mport}/metrics", timeout=60).text,
+            proc,
+            log,
+            "/metrics",
         )
         assert "flywheel_trainer_importance_weight 1.0" in text
         assert "flywheel_trainer_steps_total 1.0" in text
         assert "flywheel_trainer_version 1.0" in text
         assert 'flywheel_trainer_phase_seconds_count{phase="train"} 1.0' in text
-        assert httpx.get(f"http://127.0.0.1:{mport}/readyz").status_code == 200
+        assert httpx.get(f"http://127.0.0.1:{mport}/readyz", timeout=60).status_code == 200
 
         assert call("pause").paused
         _wait(lambda: call("status").phase == "paused", proc, log, "paused phase")
@@ -219,7 +222,7 @@ def test_every_node_answers_the_probe_and_only_rank_0_exports_statistics(
             metrics = [f"http://127.0.0.1:{m}/metrics" for _, m in ports]
             # No batch yet: no statistic anywhere (a 0 here would fire the alerts).
             for url in metrics:
-                assert "flywheel_trainer_importance_weight " not in httpx.get(url).text
+                assert "flywheel_trainer_importance_weight " not in httpx.get(url, timeout=60).text
             buf.put(synthetic_groups(tiny_model_dir, n_groups=2, seed=0))
             for rank, proc in enumerate(procs):
                 assert proc.wait(timeout=300) == 0, logs[rank].read_text()[-3000:]
