@@ -45,7 +45,9 @@ def test_doctor_on_a_real_run_live_and_stopped(tmp_path: Path, capsys):
                 pytest.fail("no training steps: " + (tmp_path / "run.log").read_text()[-4000:])
             time.sleep(0.5)
         capsys.readouterr()
-        live_rc = main(["doctor", str(run_dir), "--json"])
+        # A generous scrape: four busy services on two cores may take more than the
+        # default 3 s to answer, and a late /metrics would read as unreachable.
+        live_rc = main(["doctor", str(run_dir), "--json", "--scrape-timeout", "60"])
         live = json.loads(capsys.readouterr().out)
     finally:
         if proc.poll() is None:
