@@ -136,7 +136,20 @@ async def test_update_mid_generation_resubmits_and_tags_versions(
     tmp_path: Path,
     tiny_model_dir: Path,
 ) -> None:
-    standin.engine.on_step = lambda eng: time.sleep(0.003)  # keep the request in flight
+    held = []
+
+    def hold_until_paused(eng: object) -> None:
+        # Keep the request in flight until the update's pause arrives: at 3 ms a step alone,
+        # a loaded machine could finish all 60 tokens first (k = 60, nothing resubmitted).
+        # The step lock is held here, so only the flag is waited for, once, bounded.
+        if not held and standin.engine.stats.tokens_generated >= 5:
+            held.append(True)
+            deadline = time.monotonic() + 120
+            while not standin.paused and time.monotonic() < deadline:
+                time.sleep(0.002)
+        time.sleep(0.003)
+
+    standin.engine.on_step = hold_until_paused
     new = load_model(other_model_dir)
     sd = named_parameters_for_update(new)
     manifest = save_weights(tmp_path / "v1", sd, 1)  # no config.json: the client supplies it
