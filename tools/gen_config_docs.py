@@ -81,6 +81,7 @@ the translation, so they win).
 | `eval_gconfig.temperature`, `eval_gconfig.max_new_tokens` | `launcher.eval.temperature`, `launcher.eval.max_new_tokens` |
 | `sglang.*` | `rollout.sglang.launch_args` (`model_path`, `skip_tokenizer_init` are the rollout's own) |
 | `dynamic_bs` | `actor.dynamic_sampling` |
+| `teacher.train` (engine_type `train`), `teacher.engine_type: rollout`, `teacher.rollout` | the teacher block's engine fields (`teacher.path` wins); a rollout-engine teacher becomes `engine_type: train`: the same log-probabilities, from a forward pass in the trainer |
 | `gconfig.reward_normalization` | `actor.reward_norm: {mean_level: group, std_level: group}` |
 | `rollout.agent.turn_discount` | `rollout.turn_discount` |
 | `stats_logger.wandb.*` | `tracking.wandb.*` (the API key and base URL only from `WANDB_API_KEY` / `WANDB_BASE_URL`) |

@@ -516,6 +516,7 @@ class _Translator:
         self.launcher()
         self.small_keys()
         self.sft()
+        self.teacher()
         self.leftovers()
 
     def allocations(self) -> None:
@@ -897,17 +898,54 @@ class _Translator:
                     "gconfig.reward_normalization", norm, "off (or actor.reward_norm is set)"
                 )
 
+    def teacher(self) -> None:
+        """AReaL 2.0's teacher: `train: {...}` (engine_type train) nests the engine fields,
+        which TeacherConfig reads as its own (teacher.path wins, as in AReaL); a rollout-engine
+        teacher (AReaL's default engine_type) is scored in the trainer instead."""
+        block = self.get("teacher")
+        if not isinstance(block, dict):
+            return
+        train = block.get("train")
+        if isinstance(train, dict):
+            self.mapped(
+                "teacher.train",
+                train,
+                "the teacher block's engine fields (teacher.path wins over train.path, as "
+                "in AReaL); its loss settings are not used: the teacher is not trained",
+            )
+        rollout = block.pop("rollout", None)
+        engine = block.get("engine_type")
+        if engine == "rollout" or rollout is not None:
+            block["engine_type"] = "train"
+            self.mapped(
+                "teacher.engine_type",
+                engine if engine is not None else "rollout",
+                "teacher.engine_type: train: the teacher's log-probabilities of the sampled "
+                "tokens are computed by a forward pass in the trainer (like ref), not by an "
+                "inference server; the same values, on the trainer's ranks",
+            )
+        if rollout is not None:
+            self.ignored(
+                "teacher.rollout",
+                rollout,
+                "the teacher is scored in the trainer (teacher.engine_type: train), not by "
+                "an inference engine",
+            )
+
     def leftovers(self) -> None:
         """Every other AReaL-only key: accepted and reported as ignored."""
         from .loader import flywheel_fields
 
+        handled = {row.key for row in self.rows}
         for path, names in AREAL_FIELDS.items():
             for node_path, node in _blocks(self.out, path):
                 known = flywheel_fields(node_path)
                 if known is None:
                     continue
                 for key in [k for k in node if k in names and k not in known]:
-                    self.drop(f"{node_path}.{key}" if node_path else key)
+                    dotted = f"{node_path}.{key}" if node_path else key
+                    if dotted not in handled:
+                        self.drop(dotted)
 
 
 def format_table(rows: list[Translation]) -> list[str]:

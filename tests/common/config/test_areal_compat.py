@@ -468,3 +468,38 @@ def test_a_key_areal_refuses_is_refused_with_its_migration(
     assert code == 2, out
     assert "actor.behave_imp_weight_cap = 5.0" in err
     assert "rejection_sampling" in err
+
+
+@pytest.mark.parametrize(
+    ("teacher", "rows"),
+    [
+        # AReaL 2.0's train-engine teacher nests its engine fields under `train`
+        # (areal/api/cli_args.py, TeacherConfig.train: PPOActorConfig).
+        (
+            {"engine_type": "train", "train": {"path": "/models/teacher", "dtype": "float32"}},
+            ["teacher.train"],
+        ),
+        # AReaL's default engine_type is `rollout` (an inference engine scores the teacher):
+        # Flywheel computes the same log-probabilities in the trainer.
+        (
+            {"path": "/models/teacher", "rollout": {"max_concurrent_rollouts": 8}},
+            ["teacher.engine_type", "teacher.rollout"],
+        ),
+    ],
+)
+def test_an_areal_teacher_keeps_its_model(
+    teacher: dict[str, Any],
+    rows: list[str],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "distill.yaml"
+    path.write_text(yaml.safe_dump(_variant({}, teacher=teacher)))
+    code, out, err = _dry_run(capsys, "--config", str(path))
+    assert code == 0, err
+    resolved = yaml.safe_load(out)["teacher"]
+    assert (resolved["path"], resolved["engine_type"]) == ("/models/teacher", "train")
+    table = [line[2:].split(" ", 1)[0] for line in out.splitlines() if line.startswith("# ")]
+    for row in rows:
+        assert row in table, out
+    assert not any(": warning: teacher.train" in line for line in err.splitlines())
