@@ -213,6 +213,10 @@ async def test_redis_restarted_from_an_older_aof_is_detected(make_buffer, redis_
     redis_server.kill()
     shutil.copy(backup, aof)
     redis_server.start()
+    # The restarted server is back on `everysec` (CONFIG SET does not outlive it): the
+    # second backup below must hold the detection's writes too. Its reply comes after
+    # Redis wrote out whatever it had postponed.
+    fsync_every_write(redis_server.url)
     client.retries = 20
     s = await client.stats()
     assert (s.put_total, s.pending, s.invariant_ok) == (5, 5, True)
