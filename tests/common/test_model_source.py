@@ -40,7 +40,7 @@ class FakeConverter:
         with self._lock:
             self.calls += 1
         if self.barrier is not None:
-            self.barrier.wait(timeout=10)
+            self.barrier.wait(timeout=120)  # a guard: both threads get here on a busy machine
         (out_dir / "config.json").write_text(json.dumps({"model_type": "llama"}))
         time.sleep(self.pause_s)
         (out_dir / "model.safetensors").write_bytes(b"weights")
