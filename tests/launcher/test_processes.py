@@ -103,8 +103,9 @@ def test_children_die_when_the_launcher_is_killed(tmp_path):
         """
     )
     parent = subprocess.Popen([sys.executable, "-c", launcher])
-    deadline = time.monotonic() + 30
-    while not pid_file.exists() and time.monotonic() < deadline:
+    deadline = time.monotonic() + 120  # a guard for two Python starts on a busy machine
+    # write_text creates the file before it writes: wait for the pid, not for the name.
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
         time.sleep(0.05)
     child = int(pid_file.read_text())
     os.kill(child, 0)  # alive while the launcher lives
