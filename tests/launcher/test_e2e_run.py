@@ -142,7 +142,11 @@ def test_a_starved_trainer_is_diagnosed_and_a_service_dying_too_often_ends_the_r
             time.sleep(0.2)
 
     def pids() -> dict[str, int]:
-        return json.loads((run_dir / "pids.json").read_text())
+        while True:  # the launcher rewrites the file in place on a restart: read it whole
+            try:
+                return json.loads((run_dir / "pids.json").read_text())
+            except json.JSONDecodeError:
+                time.sleep(0.05)
 
     try:
         metrics = run_dir / "metrics.jsonl"
@@ -151,8 +155,17 @@ def test_a_starved_trainer_is_diagnosed_and_a_service_dying_too_often_ends_the_r
         reward = pids()["reward"]
         os.kill(reward, signal.SIGSTOP)
         try:
-            wait_for("the starvation verdict", starvation.exists)
-            verdict = json.loads(starvation.read_text())
+            read: list[dict] = []
+
+            def verdict_written() -> bool:  # written in place: it may be seen half-written
+                try:
+                    read.append(json.loads(starvation.read_text()))
+                except (FileNotFoundError, json.JSONDecodeError):
+                    return False
+                return True
+
+            wait_for("the starvation verdict", verdict_written)
+            verdict = read[-1]
         finally:
             os.kill(reward, signal.SIGCONT)
         steps = metrics.read_text().count("\n")
