@@ -173,8 +173,13 @@ class ChaosRun:
         return len(jsonl(self.run_dir / "metrics.jsonl"))
 
     def has_checkpoint(self) -> bool:
+        # Complete ones: the directory appears first, trainer_state.json last (a kill before
+        # it would resume from an older checkpoint and lose more than save_freq_steps).
         ckpts = self.run_dir / "checkpoints"
-        return ckpts.is_dir() and any(p.name.startswith("step") for p in ckpts.iterdir())
+        return ckpts.is_dir() and any(
+            p.name.startswith("step") and (p / "trainer_state.json").is_file()
+            for p in ckpts.iterdir()
+        )
 
     def pids(self) -> dict[str, int]:
         path = self.run_dir / "pids.json"
