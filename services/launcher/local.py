@@ -47,6 +47,7 @@ from services.launcher.report import (
 )
 from services.launcher.starvation import Snapshot, as_record, diagnose
 from services.rollout.data.datasets import read_rows
+from services.trainer.lifecycle import write_json_atomic
 from services.trainer.paths import RunPaths
 
 
@@ -221,7 +222,8 @@ class LocalRun:
         pids: dict[str, int | None] = {p.name: p.pid for p in self.procs}
         if self.redis is not None and self.redis.proc is not None:
             pids[REDIS] = self.redis.proc.pid
-        (self.run_dir / "pids.json").write_text(json.dumps(pids))
+        # Atomic: `flywheel status`, the doctor and a relaunched launcher read it while we run.
+        write_json_atomic(self.run_dir / "pids.json", dict(pids))
 
     def start_services(self, config_path: Path) -> None:
         s, lc = self.cfg.services, self.cfg.launcher
@@ -409,8 +411,8 @@ class LocalRun:
         verdict = diagnose(
             self._starve_before, now, batch=self.cfg.rollout.consumer_batch_size, waited_s=waited
         )
-        (self.run_dir / "starvation.json").write_text(
-            json.dumps(as_record(self._starve_before, now, verdict), indent=1)
+        write_json_atomic(
+            self.run_dir / "starvation.json", as_record(self._starve_before, now, verdict)
         )
         self._starve_before = now
         _say(

@@ -129,13 +129,16 @@ def test_service_loop_publishes_every_step_in_sync_mode(
 ) -> None:
     """The whole loop (buffer claim -> train -> ack -> version -> publish) with eta = 0:
     the replica is paused around the update and serves each new version afterwards; the
-    parity probe runs once it decodes again and finds it computing what the trainer does."""
+    parity probe runs once it decodes again and finds it computing what the trainer does.
+    Its own fresh replica (version 0): the module's replica has taken other tests'
+    versions by the time xdist may run this one."""
     io: IOLoop = setup["io"]
-    base: FlywheelConfig = setup["cfg"]
     cfg = trainer_config(
         tiny_model_dir,
         tmp_path,
-        f"services.rollout.port={base.services.rollout.port}",
+        f"services.rollout.port={free_port()}",
+        f"services.rollout.metrics_port={free_port()}",
+        "rollout.weight_update_timeout=60",
         "rollout.max_head_offpolicyness=0",
         "rollout.consumer_batch_size=2",
         "total_train_steps=2",
@@ -144,7 +147,7 @@ def test_service_loop_publishes_every_step_in_sync_mode(
         f"gconfig.temperature={TEMPERATURE}",
         f"actor.temperature={TEMPERATURE}",
     )
-    with running_buffer(cfg, redis_server.url) as buf:
+    with running_replica(cfg, tmp_path) as address, running_buffer(cfg, redis_server.url) as buf:
         buf.put(synthetic_groups(tiny_model_dir, n_groups=2, seed=5))
         # eta = 0: the second batch is admitted once the buffer moved to version 1.
         second = synthetic_groups(tiny_model_dir, n_groups=2, seed=6, version=1)
@@ -190,11 +193,11 @@ def test_service_loop_publishes_every_step_in_sync_mode(
             io.run(publisher.close(), timeout=10)
         assert buf.call(buf.client.get_version()) == 2
 
-    async def replica_state():
-        async with RolloutClient(setup["address"]) as c:
-            return await c.stats()
+        async def replica_state():
+            async with RolloutClient(address) as c:
+                return await c.stats()
 
-    stats = io.run(replica_state(), timeout=30)
+        stats = io.run(replica_state(), timeout=30)
     assert stats.version == 2 and not stats.paused  # resumed after the last update
     lines = [json.loads(x) for x in paths.metrics_jsonl.read_text().splitlines()]
     assert [r["version"] for r in lines] == [1, 2]
