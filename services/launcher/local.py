@@ -132,6 +132,15 @@ class LocalRun:
             _say(f"previous run in {self.run_dir} had finished: starting fresh")
             for name in ("restarts.jsonl", "starvation.json"):  # the supervisor's records
                 (self.run_dir / name).unlink(missing_ok=True)
+        elif (self.run_dir / "redis").is_dir() or self.trainer_paths.metrics_jsonl.exists():
+            # Said out loud: the buffer's groups and versions carry over, so a user who
+            # meant a fresh run sees why the versions do not start at 0.
+            _say(
+                f"previous run in {self.run_dir} did not finish: resuming it "
+                f"(trainer.recover: {self.cfg.trainer.recover}; the buffer's groups and "
+                "versions carry over; the trainer starts from its newest checkpoint, or "
+                "from actor.path when it saved none). Remove the directory to start fresh."
+            )
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # Only this run's trainer may vouch for its metrics (see finish()).
         self.trainer_paths.metrics_textfile.unlink(missing_ok=True)

@@ -158,6 +158,7 @@ def test_kill_after_a_checkpoint_then_the_same_command_resumes_it(tmp_path: Path
     assert evals[0]["step"] == 0  # the first run's
     assert summary["evals"][0]["step"] == ckpt, summary["evals"]
     assert f"eval at step {ckpt} " in out2
+    assert "did not finish: resuming it" in out2  # the launcher says it resumes
     # The run is recorded as completed, and a trainer started on it trains nothing.
     completed = json.loads((run_dir / "checkpoints" / "completed.json").read_text())
     assert (completed["state"], completed["step"]) == ("completed", TOTAL)
