@@ -94,4 +94,4 @@ helm-check: venv
 	$(PY) tools/helm_check.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache
+	rm -rf $(VENV) $(COMPAT_VENV) .pytest_cache .ruff_cache .mypy_cache
