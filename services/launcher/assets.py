@@ -129,11 +129,15 @@ def prepare_model(cfg: FlywheelConfig, run_dir: Path, log: Any = print) -> None:
         cfg.tokenizer_path = str(path)
 
 
-def _free_block(n: int) -> int:
-    """A port p with p..p+n-1 all free (rollout replicas use consecutive ports)."""
+def _free_block(n: int, taken: set[int]) -> int:
+    """A port p with p..p+n-1 all free (rollout replicas use consecutive ports) and none of
+    them in `taken`, which it then joins: a port picked free is not bound until its
+    service starts, so the OS may hand it out again for the next endpoint."""
     for _ in range(100):
         p = free_port()
-        if all(_is_free(p + i) for i in range(1, n)):
+        block = range(p, p + n)
+        if taken.isdisjoint(block) and all(_is_free(q) for q in block[1:]):
+            taken.update(block)
             return p
     raise RuntimeError(f"no block of {n} free ports")
 
@@ -150,17 +154,27 @@ def _is_free(port: int) -> bool:
 
 
 def assign_ports(cfg: FlywheelConfig) -> None:
-    """Concrete ports for every endpoint left at 0."""
+    """Concrete ports for every endpoint left at 0, all distinct (from each other and from
+    the ports the config already names)."""
     replicas = cfg.rollout.n_replicas
-    for name in ("buffer", "reward", "rollout", "trainer"):
+    names = ("buffer", "reward", "rollout", "trainer")
+    taken: set[int] = set()
+    for name in names:
+        ep = getattr(cfg.services, name)
+        n = replicas if name == "rollout" else 1
+        stride = ep.port_stride if name == "rollout" else 1
+        for port in (ep.port, ep.metrics_port):
+            if port:
+                taken.update(port + stride * i for i in range(n))
+    for name in names:
         ep = getattr(cfg.services, name)
         n = replicas if name == "rollout" else 1
         if name == "rollout":
             ep.port_stride = 1
         if ep.port == 0:
-            ep.port = _free_block(n)
+            ep.port = _free_block(n, taken)
         if ep.metrics_port == 0:
-            ep.metrics_port = _free_block(n)
+            ep.metrics_port = _free_block(n, taken)
 
 
 def resolve_run_paths(cfg: FlywheelConfig, run_dir: Path) -> None:

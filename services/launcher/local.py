@@ -146,9 +146,9 @@ class LocalRun:
         self.trainer_paths.metrics_textfile.unlink(missing_ok=True)
         assets.prepare_data(self.cfg, self.run_dir)
         assets.prepare_model(self.cfg, self.run_dir, log=_say)
-        assets.assign_ports(self.cfg)
-        assets.resolve_run_paths(self.cfg, self.run_dir)
         if not self.cfg.buffer.redis_url:
+            # Before the services' ports are picked: Redis binds its port now, so no
+            # service port can be the same one.
             self.redis = RedisServer(
                 dir=self.run_dir / "redis",
                 password=self.secrets.redis_password,
@@ -156,6 +156,8 @@ class LocalRun:
             ).start()
             self.cfg.buffer.redis_url = f"redis://127.0.0.1:{self.redis.port}/0"
             _say(f"redis-server on port {self.redis.port} (AOF in {self.run_dir / 'redis'})")
+        assets.assign_ports(self.cfg)
+        assets.resolve_run_paths(self.cfg, self.run_dir)
         path = assets.write_resolved_config(self.cfg, self.run_dir)
         (self.run_dir / "services.json").write_text(json.dumps(self._addresses(), indent=1))
         return path
