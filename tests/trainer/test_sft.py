@@ -158,9 +158,13 @@ def test_the_first_loss_is_the_cross_entropy_of_the_base_model_with_the_smoothin
     # smoothing 0: the mean of -log p over those tokens, AReaL's SFT loss
     # (compute_packed_sft_loss: -sum(masked log p) / count(mask)); smoothing e: torch's
     # cross_entropy(label_smoothing=e) averaged over the same tokens.
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    from services.common.model_source import load_tokenizer
+
+    # The tokenizer run_sft reads: on transformers 5 AutoTokenizer maps this directory to
+    # Qwen2Tokenizer, which drops the answer's space token that tokenizer.json keeps.
+    tok = load_tokenizer(str(tiny_model_dir))
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
     order = list(range(len(rows)))
     random.Random("1-sft-0").shuffle(order)
