@@ -102,15 +102,15 @@ def smoothed_token_loss(
     and 0 at t <= first_position (nothing there is predicted by these outputs). In float32.
     """
     import torch
+    import torch.nn.functional as F
 
-    from services.trainer.logprobs import token_logprobs
-
-    logp, _ = token_logprobs(logits, input_ids, 1.0, first_position=first_position)
     pred = logits[:, :-1, :].float()
-    uniform = torch.zeros_like(logp)
-    # -mean_v log p(v) = logsumexp - mean of the logits.
-    uniform[:, first_position + 1 :] = torch.logsumexp(pred, dim=-1) - pred.mean(dim=-1)
-    return (1.0 - label_smoothing) * -logp + label_smoothing * uniform
+    target = input_ids[:, first_position + 1 :]
+    loss = torch.zeros(input_ids.shape, dtype=pred.dtype, device=pred.device)
+    loss[:, first_position + 1 :] = F.cross_entropy(
+        pred.transpose(1, 2), target, label_smoothing=label_smoothing, reduction="none"
+    )
+    return loss
 
 
 def answer_token_loss(engine: Any, mb: Any, label_smoothing: float = 0.0) -> Any:
