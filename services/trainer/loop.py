@@ -50,7 +50,10 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from flywheel_proto.v1 import buffer_pb2
 from services.buffer.client import BufferClient, VersionRegressionError
@@ -65,7 +68,7 @@ from services.trainer.metrics import JsonlWriter, TrainerMetrics
 from services.trainer.paths import RunPaths
 from services.trainer.ppo import PPOTrainer, StepResult
 from services.trainer.tracking import Tracker
-from services.trainer.weight_sync import WeightPublisher
+from services.trainer.weight_sync import PublishReport, WeightPublisher
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +79,28 @@ LEDGER_FILE = "ledger.json"
 
 def consumer_id(cfg: FlywheelConfig) -> str:
     return cfg.trainer.consumer_id or f"trainer-{cfg.experiment_name}-{cfg.trial_name}"
+
+
+@dataclass
+class _PendingStep:
+    """A trained step whose weights are being published in the background
+    (`trainer.overlap_weight_publication`): its record waits for the publication's report."""
+
+    publication: Future[PublishReport]
+    result: StepResult
+    phases: dict[str, float]
+    ids: list[str]
+    step: int
+    version: int
+    step_seconds: float
+    wall_time: float
+
+
+def snapshot_state_dict(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Copies of `sd`'s tensors: a gathered state dict may share storage with the live
+    parameters (one rank, CPU), which the next optimizer step overwrites in place while a
+    background publication still reads them."""
+    return {k: t.detach().clone() for k, t in sd.items()}
 
 
 class TrainerLoop:
@@ -119,6 +144,7 @@ class TrainerLoop:
         self.last_saved_step = -1
         self._waiting_since: float | None = None
         self._replay_request_id: str | None = None
+        self._pending: _PendingStep | None = None  # rank 0: a publication in flight
         if self.ctx.is_main and (io is None or buffer is None):
             raise ValueError("rank 0 needs the I/O loop and a buffer client")
 
@@ -150,6 +176,8 @@ class TrainerLoop:
 
     def _decide(self) -> tuple[dict[str, Any], bytes | None]:
         """Rank 0: the next command for every rank (and the batch bytes for `train`)."""
+        if self._pending is not None and self._pending.publication.done():
+            self._finish_pending()
         total = self.cfg.total_train_steps
         if total is not None and self.trainer.step >= total:
             return {"op": "stop", "reason": "total_train_steps"}, None
@@ -261,6 +289,10 @@ class TrainerLoop:
                 log.error("trainer failed", extra={"reason": reason})
                 code = 1
                 break
+        if self.ctx.is_main and self._pending is not None:
+            # The last step's weights reach the replicas (and its record the metrics) before
+            # the run counts as complete: the launcher's final evaluation samples them.
+            self._finish_pending()
         if code == 0 and self._should_save_on_exit():
             self._save([])
         if self.ctx.is_main:
@@ -334,6 +366,7 @@ class TrainerLoop:
         # Whether to gather is decided from the config, identically on every rank.
         gather = bool(self.cfg.services.rollout.port)
         report = None
+        publication: Future[PublishReport] | None = None
         if gather:
             if self.ctx.is_main:
                 self.control.update(phase="broadcasting")
@@ -341,15 +374,67 @@ class TrainerLoop:
             sd = self.trainer.actor.full_state_dict()
             if self.ctx.is_main and publish:
                 assert self.publisher is not None
-                report = self._io(self.publisher.publish(sd, self.trainer.version))
-                if sync:
-                    self._io(self.publisher.resume())
-                # The replicas decode again: probe that they compute what we do.
-                report = self._io(self.publisher.check_parity(sd, report))
-            phases["broadcast"] = time.perf_counter() - t
+                if not sync and self.cfg.trainer.overlap_weight_publication:
+                    snap = snapshot_state_dict(sd)
+                    phases["publish_wait"] = self._finish_pending()
+                    publication = self._io_submit(
+                        self._publish_and_probe(snap, self.trainer.version)
+                    )
+                else:
+                    report = self._io(self.publisher.publish(sd, self.trainer.version))
+                    if sync:
+                        self._io(self.publisher.resume())
+                    # The replicas decode again: probe that they compute what we do.
+                    report = self._io(self.publisher.check_parity(sd, report))
+            phases["broadcast"] = time.perf_counter() - t - phases.get("publish_wait", 0.0)
             del sd
-        if self.ctx.is_main:
+        if not self.ctx.is_main:
+            return
+        if publication is not None:
+            self._pending = _PendingStep(
+                publication=publication,
+                result=result,
+                phases=phases,
+                ids=ids,
+                step=self.trainer.step,
+                version=self.trainer.version,
+                step_seconds=time.perf_counter() - t0,
+                wall_time=time.time(),
+            )
+        else:
             self._record_step(result, phases, ids, time.perf_counter() - t0, report)
+
+    def _io_submit(self, coro: Any) -> Future[Any]:
+        assert self.io is not None
+        return self.io.submit(coro)
+
+    async def _publish_and_probe(self, sd: dict[str, torch.Tensor], version: int) -> PublishReport:
+        """The asynchronous-mode publication of `sd` as `version`, run on the I/O loop while
+        the main thread trains on; the parity probe follows as it does inline."""
+        assert self.publisher is not None
+        report = await self.publisher.publish(sd, version)
+        return await self.publisher.check_parity(sd, report)
+
+    def _finish_pending(self) -> float:
+        """Rank 0: wait for the publication in flight, if any, and write its step's record;
+        returns the seconds waited. A publication that raised re-raises here."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return 0.0
+        t = time.perf_counter()
+        report = pending.publication.result()
+        waited = time.perf_counter() - t
+        self._record_step(
+            pending.result,
+            pending.phases,
+            pending.ids,
+            pending.step_seconds,
+            report,
+            step=pending.step,
+            version=pending.version,
+            wall_time=pending.wall_time,
+        )
+        return waited
 
     def _ack(self, ids: list[str]) -> None:
         assert self.buffer is not None
@@ -388,11 +473,20 @@ class TrainerLoop:
         ids: list[str],
         step_seconds: float,
         report: Any,
+        *,
+        step: int | None = None,
+        version: int | None = None,
+        wall_time: float | None = None,
     ) -> None:
+        """Rank 0: the step's record (metrics.jsonl, tracking, Prometheus, control). `step`,
+        `version` and `wall_time` are the step's own when it is recorded after a background
+        publication; by default the trainer's current ones."""
+        step = self.trainer.step if step is None else step
+        version = self.trainer.version if version is None else version
         train_s = phases.get("train", 0.0)
         record: dict[str, Any] = {
-            "step": self.trainer.step,
-            "version": self.trainer.version,
+            "step": step,
+            "version": version,
             "task_reward": r.stats.get("task_reward"),
             "staleness_max": r.stats.get("staleness_max", 0.0),
             "staleness_avg": r.stats.get("staleness_avg", 0.0),
@@ -413,7 +507,7 @@ class TrainerLoop:
             "group_ids": ids,
             "staleness_per_seq": r.staleness_per_seq,
             "stats": r.stats,
-            "wall_time": time.time(),
+            "wall_time": time.time() if wall_time is None else wall_time,
         }
         if r.critic_loss is not None:
             record["critic_loss"] = r.critic_loss
@@ -436,17 +530,17 @@ class TrainerLoop:
         unhealthy = self.control.unhealthy_replica_updates + (len(report.failed) if report else 0)
         self.control.update(skipped_updates=skipped, unhealthy_replica_updates=unhealthy)
         self.control.finish_step(
-            step=self.trainer.step,
-            version=self.trainer.version,
+            step=step,
+            version=version,
             stats={k: v for k, v in r.stats.items() if isinstance(v, float)}
             | {"loss": r.loss, "grad_norm": r.grad_norm, "lr": r.lr},
         )
-        if self.trainer.step % self.cfg.trainer.log_every_steps == 0:
+        if step % self.cfg.trainer.log_every_steps == 0:
             log.info(
                 "step",
                 extra={
-                    "step": self.trainer.step,
-                    "version": self.trainer.version,
+                    "step": step,
+                    "version": version,
                     "loss": round(r.loss, 5),
                     "task_reward": r.stats.get("task_reward"),
                     "seconds": round(step_seconds, 3),

@@ -209,6 +209,126 @@ def test_service_loop_publishes_every_step_in_sync_mode(
     assert (paths.weight_dir / LATEST_FILE).read_text() == version_dir(paths.weight_dir, 2).name
 
 
+def test_asynchronous_loop_publishes_in_the_background_without_tearing(
+    setup: dict, tiny_model_dir: Path, tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """eta = 1 with `trainer.overlap_weight_publication`: the trainer starts step 2 while
+    version 1 is still being published (the publication is held on a gate until step 2 has
+    begun, so this does not depend on timing), each step's record is written once its
+    publication is complete, the run does not end before the last version is served, and
+    every published directory holds exactly the trainer's weights after that step, not a
+    mix with the next step's in-place optimizer update."""
+    import asyncio
+    import threading
+
+    from services.common.weights.disk import load_weights
+
+    io: IOLoop = setup["io"]
+    steps = 3
+    cfg = trainer_config(
+        tiny_model_dir,
+        tmp_path,
+        f"services.rollout.port={free_port()}",
+        f"services.rollout.metrics_port={free_port()}",
+        "rollout.weight_update_timeout=60",
+        "rollout.max_head_offpolicyness=1",
+        "rollout.consumer_batch_size=2",
+        f"total_train_steps={steps}",
+        "trainer.save_freq_steps=null",
+        "trainer.claim_wait_ms=100",
+        "trainer.keep_weight_versions=3",
+        f"gconfig.temperature={TEMPERATURE}",
+        f"actor.temperature={TEMPERATURE}",
+    )
+    assert cfg.trainer.overlap_weight_publication  # the default
+    with running_replica(cfg, tmp_path) as address, running_buffer(cfg, redis_server.url) as buf:
+        buf.put(synthetic_groups(tiny_model_dir, n_groups=2, seed=5))
+        services = cfg.services.model_copy(
+            update={"buffer": cfg.services.buffer.model_copy(update={"port": buf.port})}
+        )
+        cfg = cfg.model_copy(update={"services": services})
+        paths = RunPaths.from_config(cfg)
+
+        async def clients():
+            return (
+                BufferClient(cfg.services.buffer.address),
+                WeightPublisher(
+                    cfg,
+                    weight_dir=paths.weight_dir,
+                    parity=ParityProbe.from_config(cfg, log_path=paths.run_dir / PARITY_FILE),
+                ),
+            )
+
+        buffer, publisher = io.run(clients(), timeout=30)
+        gate = threading.Event()
+        publish = publisher.publish
+
+        async def gated_publish(sd, version, **kw):
+            if version == 1:  # held until the trainer has started step 2
+                assert await asyncio.to_thread(gate.wait, 120)
+            return await publish(sd, version, **kw)
+
+        publisher.publish = gated_publish  # type: ignore[method-assign]
+        loop = TrainerLoop(
+            cfg,
+            PPOTrainer(cfg),
+            paths=paths,
+            control=Control(total_train_steps=steps, world_size=1),
+            io=io,
+            buffer=buffer,
+            publisher=publisher,
+            on_ready=lambda: None,
+        )
+        original = loop._train_step
+        trained: dict[int, dict[str, torch.Tensor]] = {}
+        in_flight_at_step_2: list[bool] = []
+
+        def train_then_feed(groups, *, wait_batch):
+            if loop.trainer.step == 1:
+                pending = loop._pending
+                in_flight_at_step_2.append(
+                    pending is not None and pending.version == 1 and not pending.publication.done()
+                )
+                gate.set()
+            original(groups, wait_batch=wait_batch)
+            step = loop.trainer.step
+            trained[step] = {
+                k: t.detach().clone() for k, t in loop.trainer.actor.full_state_dict().items()
+            }
+            if step < steps:
+                fresh = synthetic_groups(tiny_model_dir, n_groups=2, seed=5 + step, version=step)
+                assert buf.put(fresh) == ["admitted", "admitted"]
+
+        loop._train_step = train_then_feed  # type: ignore[method-assign]
+        try:
+            assert loop.run() == 0
+        finally:
+            gate.set()
+            io.run(buffer.close(), timeout=10)
+            io.run(publisher.close(), timeout=10)
+
+        async def served() -> int:
+            async with RolloutClient(address) as c:
+                return await c.get_version()
+
+        served_version = io.run(served(), timeout=30)
+    assert in_flight_at_step_2 == [True]
+    assert served_version == steps  # the last publication finished before run() returned
+    lines = [json.loads(x) for x in paths.metrics_jsonl.read_text().splitlines()]
+    assert [(r["step"], r["version"]) for r in lines] == [(1, 1), (2, 2), (3, 3)]
+    assert all(r["replicas_updated"] == 1 and r["replicas_failed"] == [] for r in lines)
+    assert all("publish_wait" in r["phase_seconds"] for r in lines)
+    probes = [json.loads(x) for x in (paths.run_dir / PARITY_FILE).read_text().splitlines()]
+    assert [(p["version"], p["ok"]) for p in probes] == [(1, True), (2, True), (3, True)]
+    for version in range(1, steps + 1):
+        published, _ = load_weights(version_dir(paths.weight_dir, version))
+        assert published.keys() == trained[version].keys()
+        for name, tensor in trained[version].items():
+            assert torch.equal(published[name], tensor), (version, name)
+    # Training moved the weights, so the comparison above could tell the versions apart.
+    assert any(not torch.equal(trained[1][n], trained[2][n]) for n in trained[1])
+
+
 @pytest.mark.parametrize("transport", ["disk", "grpc", "distributed"])
 def test_published_weights_give_the_trainers_logprobs(setup: dict, transport: str) -> None:
     cfg: FlywheelConfig = setup["cfg"]

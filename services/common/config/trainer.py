@@ -51,6 +51,16 @@ class TrainerConfig(FlywheelModel):
     seconds per update (SmolLM2-135M: ~10 s, as much as the disk transport itself), so a
     larger N trades how soon a silently corrupted update is caught for step time."""
 
+    overlap_weight_publication: bool = True
+    """Flywheel: with `rollout.max_head_offpolicyness` > 0, publish version v+1 in the
+    background while the trainer claims and trains the next batch (the state dict is copied
+    first, so the next optimizer step cannot tear it); the trainer waits for a publication
+    only before starting the next one. The replicas then serve v+1 one publication later
+    than with `false`, which the staleness bound already allows for: every token still
+    satisfies v - v_behave <= eta at the buffer. Synchronous runs (eta = 0) always publish
+    before the next claim. Step records (`metrics.jsonl`) are written once the step's
+    publication is complete."""
+
     weight_dir: str | None = None
     """Directory of published weights (`disk`); null means
     `<cluster.fileroot>/<experiment>/<trial>/weights`."""
