@@ -286,11 +286,21 @@ class BufferClient(RetryingClient):
         return [r for r in results if r is not None]
 
     async def reserve(
-        self, count: int, *, rollout_id: str = "", request_id: str | None = None
+        self,
+        count: int,
+        *,
+        rollout_id: str = "",
+        request_id: str | None = None,
+        served_version: int | None = None,
     ) -> Reservation:
-        """Ask for capacity for `count` groups; may grant fewer, possibly none."""
+        """Ask for capacity for `count` groups; may grant fewer, possibly none.
+        `served_version`: the version the asking replica serves (capacity then counts from
+        the older of it and the buffer's version)."""
         req = buffer_pb2.ReserveCapacityRequest(
-            request_id=self._rid(request_id), rollout_id=rollout_id, count=count
+            request_id=self._rid(request_id),
+            rollout_id=rollout_id,
+            count=count,
+            served_version=served_version,
         )
         r = await self._call(self.stub.ReserveCapacity, req)
         return Reservation(list(r.reservation_ids), r.version, r.capacity, r.retry_after_ms)

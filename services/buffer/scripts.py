@@ -368,8 +368,10 @@ return back
 )
 
 # ARGV: P, count, max_concurrent_rollouts, consumer_batch_size, eta, request_id, rollout_id,
-#       reservation_ttl_ms, rq_ttl_s
+#       reservation_ttl_ms, rq_ttl_s, served_version ('' = not given)
 # -> {version, capacity_after, replayed(0|1), id...}
+# The staleness term counts from min(version, served_version): the version the asking
+# replica's weights hold, if older than the trainer's (see the proto's ReserveCapacityRequest).
 RESERVE = (
     PRELUDE
     + r"""
@@ -378,15 +380,17 @@ local rid, rollout, ttl, rq_ttl = ARGV[6], ARGV[7], tonumber(ARGV[8]), tonumber(
 local now = now_ms()
 expire_reservations(now)
 local v = version()
+local cv = v
+if ARGV[10] and ARGV[10] ~= '' then cv = math.min(v, tonumber(ARGV[10])) end
 if rid ~= '' then
   local prev = redis.call('GET', rqkey('reserve', rid))
   if prev then
-    local out = {int(v), int(capacity(v, mcr, bs, eta)), 1}
+    local out = {int(v), int(capacity(cv, mcr, bs, eta)), 1}
     for id in string.gmatch(prev, '[^\n]+') do table.insert(out, id) end
     return out
   end
 end
-local cap = capacity(v, mcr, bs, eta)
+local cap = capacity(cv, mcr, bs, eta)
 local grant = math.min(count, cap)
 local out = {int(v), int(cap - grant), 0}
 local ids = {}

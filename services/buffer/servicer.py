@@ -406,10 +406,13 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         _require(
             0 <= request.count <= MAX_IDS_PER_CALL, "count", f"must be in [0, {MAX_IDS_PER_CALL}]"
         )
+        served = request.served_version if request.HasField("served_version") else None
+        _require(served is None or served >= 0, "served_version", "must be >= 0")
         out = await self.store.reserve(
             count=request.count,
             rollout_id=request.rollout_id or "rollout",
             request_id=request.request_id,
+            served_version=served,
         )
         return buffer_pb2.ReserveCapacityResponse(
             reservation_ids=out.reservation_ids,

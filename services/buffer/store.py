@@ -322,7 +322,18 @@ class RedisStore:
         s = self.settings
         return s.max_concurrent_rollouts, s.consumer_batch_size, s.eta
 
-    async def reserve(self, *, count: int, rollout_id: str, request_id: str = "") -> ReserveOutcome:
+    async def reserve(
+        self,
+        *,
+        count: int,
+        rollout_id: str,
+        request_id: str = "",
+        served_version: int | None = None,
+    ) -> ReserveOutcome:
+        """Grant up to `count` reservations. With `served_version` (the version the asking
+        replica's weights hold) the staleness term counts from min(buffer version, it), as
+        AReaL's capacity counts from the inference engine's version: a replica whose update
+        is still in flight starts only what will be fresh enough when claimed."""
         s = self.settings
         r = await self._run(
             "reserve",
@@ -332,6 +343,7 @@ class RedisStore:
             rollout_id,
             s.reservation_ttl_ms,
             s.request_id_ttl_s,
+            "" if served_version is None else served_version,
         )
         return ReserveOutcome(
             reservation_ids=[_s(x) for x in r[3:]],

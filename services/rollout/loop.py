@@ -176,8 +176,12 @@ class RolloutLoop:
             # granted it before the answer was lost, it hands back those ids, not new ones.
             self._reserve_rid = self._reserve_rid or f"reserve-{uuid.uuid4().hex}"
             try:
+                served = getattr(self.engine, "version", None)
                 reservation = await self.buffer.reserve(
-                    1, rollout_id=self.rollout_id, request_id=self._reserve_rid
+                    1,
+                    rollout_id=self.rollout_id,
+                    request_id=self._reserve_rid,
+                    served_version=served if isinstance(served, int) else None,
                 )
             except asyncio.CancelledError:
                 self._slots.release()

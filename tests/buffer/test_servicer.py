@@ -229,6 +229,28 @@ async def test_reserve_and_release_over_grpc(make_buffer) -> None:
     assert (c.capacity, c.running, c.accepted) == (1, 0, 1)  # min(3, 2 - 1)
 
 
+async def test_reserve_carries_the_replicas_served_version(make_buffer) -> None:
+    """`served_version` travels over gRPC (proto3 `optional`: 0 is a version, not unset)
+    and the staleness term counts from min(buffer version, served); a negative one is
+    refused with a message naming the field."""
+    _, client = await make_buffer(
+        rollout={
+            "consumer_batch_size": 2,
+            "max_head_offpolicyness": 0,
+            "max_concurrent_rollouts": 10,
+        }
+    )
+    await client.set_version(2)
+    lagging = await client.reserve(10, rollout_id="r0", served_version=0)
+    assert len(lagging.reservation_ids) == 2  # (0 + min(2, 0) + 1) * 2 - 0
+    current = await client.reserve(10, rollout_id="r0", served_version=2)
+    assert len(current.reservation_ids) == 4  # (0 + 2 + 1) * 2 - 2
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await client.reserve(1, rollout_id="r0", served_version=-1)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "served_version" in (err.value.details() or "")
+
+
 async def test_restarted_replica_releases_all_its_reservations(make_buffer) -> None:
     _, client = await make_buffer(
         rollout={

@@ -72,6 +72,29 @@ async def test_capacity_sequence_follows_the_areal_rule(make_store) -> None:
     assert s.invariant_ok  # 3 = 0 acked + 3 dropped + 0 pending + 0 in flight
 
 
+async def test_capacity_counts_from_the_version_the_replica_serves(make_store) -> None:
+    """AReaL's StalenessManager.get_capacity (areal/infra/staleness_manager.py) takes
+    `current_version` from the inference engine, i.e. the weights the servers hold, which
+    AReaL sets only after a weight update completes. A replica that says which version it
+    serves (`served_version`) gets capacity from min(buffer version, served): while its
+    update is in flight it may start only what will still be within eta when claimed."""
+    # eta = 1, B = 2, mcr = 20: capacity = min(20 - running, (1 + v + 1) * 2 - (acc + run))
+    store = make_store(max_head_offpolicyness=1, consumer_batch_size=2, max_concurrent_rollouts=20)
+    assert await store.set_version(3) == (True, 3)
+    behind = await store.reserve(count=20, rollout_id="r", served_version=1)
+    assert len(behind.reservation_ids) == 6  # v = min(3, 1) = 1: (1 + 1 + 1) * 2 - 0
+    assert behind.version == 3  # the answer still names the buffer's version
+    more = await store.reserve(count=20, rollout_id="r", served_version=3)
+    assert len(more.reservation_ids) == 4  # v = 3: (1 + 3 + 1) * 2 - 6
+    ahead = await store.reserve(count=20, rollout_id="r", served_version=9)
+    assert ahead.reservation_ids == []  # v = min(3, 9) = 3: 10 - 10, never above the buffer
+    await store.release(behind.reservation_ids + more.reservation_ids)
+    unsaid = await store.reserve(count=20, rollout_id="r")
+    assert len(unsaid.reservation_ids) == 10  # no served_version: the buffer's version 3
+    c = await store.capacity()  # the capacity probe itself is unchanged
+    assert (c.capacity, c.running, c.version) == (0, 10, 3)
+
+
 async def test_synchronous_mode_blocks_rollout_until_the_trainer_steps(make_store) -> None:
     # eta = 0, B = 2: capacity (0+v+1)*2 - (accepted+running) allows one batch per version
     store = make_store(max_head_offpolicyness=0, consumer_batch_size=2, max_concurrent_rollouts=8)

@@ -30,10 +30,19 @@ class ScriptedBuffer:
         self.puts: list[tuple[str, str]] = []
         self.released: list[str] = []
         self.reserved: list[str] = []
+        self.served_versions: list[int | None] = []
 
-    async def reserve(self, count: int, *, rollout_id: str = "", request_id: str = "") -> Any:
+    async def reserve(
+        self,
+        count: int,
+        *,
+        rollout_id: str = "",
+        request_id: str = "",
+        served_version: int | None = None,
+    ) -> Any:
         from services.buffer.client import Reservation
 
+        self.served_versions.append(served_version)
         if self.grants <= 0:
             return Reservation([], 0, 0, 20)
         self.grants -= 1
@@ -108,6 +117,9 @@ async def test_put_retries_keep_the_group_id_and_failures_release(engine: TorchE
     assert loop.stats.groups_produced == 2 and loop.stats.rejected == {"error": 1}
     assert metrics.groups_produced._value.get() == 2
     assert metrics.groups_rejected.labels(reason="error")._value.get() == 1
+    # Every reservation names the version the engine serves (the buffer's capacity counts
+    # from it when it is older than the trainer's).
+    assert buffer.served_versions and set(buffer.served_versions) == {engine.version}
 
 
 async def test_stamping_and_put_failure_after_retries(engine: TorchEngine) -> None:
@@ -133,10 +145,17 @@ class VersionedBuffer(ScriptedBuffer):
         super().__init__(grants)
         self.version = version
 
-    async def reserve(self, count: int, *, rollout_id: str = "", request_id: str = "") -> Any:
+    async def reserve(
+        self,
+        count: int,
+        *,
+        rollout_id: str = "",
+        request_id: str = "",
+        served_version: int | None = None,
+    ) -> Any:
         from services.buffer.client import Reservation
 
-        r = await super().reserve(count, rollout_id=rollout_id)
+        r = await super().reserve(count, rollout_id=rollout_id, served_version=served_version)
         return Reservation(r.reservation_ids, self.version, r.capacity, r.retry_after_ms)
 
 
