@@ -19,13 +19,18 @@ after the other on the same machine, and prints ONE JSON line.
    subprocess with `cluster.fileroot=<a temporary directory>` (a fresh run, no resume); its
    `summary.json`, `metrics.jsonl` and `evals.jsonl` give the RL seconds, seconds per
    trainer step and accuracies; the subprocess's wall time includes starting the services
-   and loading the model in each.
+   and loading the model in each. The services evaluate on the anchor's schedule
+   (`launcher.eval.freq_steps` = `--eval-every`), so both sides do the same evaluation work.
 
 Keys: `*_samples_per_train_s` = steps x 32 / training seconds (the anchor: the sum of its
 step times; the services: the sum of the trainer's `step_seconds`, during which the rollout
 replica also runs the evaluations on the same cores); `*_samples_per_rl_s` counts the
 evaluations too (the anchor: steps + evals; the services: `summary.json`'s `wall_seconds`,
 from the launcher's start, so starting the services and loading the model count as well);
+`*_samples_per_loop_s` is the steady-state rate: steps x 32 / the seconds from the end of
+the step-0 evaluation to the end of the last one (the anchor: its step times plus the later
+evaluations; the services: wall clock between the two evaluations' records, waiting for
+batches included, starting the services and loading the model not);
 `services_vs_anchor_*` are services / anchor of those rates (>= 1: the services are not
 slower per trained sample). `loadavg_*` are the 1/5/15-minute load averages before, between
 and after.
@@ -238,6 +243,9 @@ def run_anchor(args: argparse.Namespace) -> dict[str, Any]:
         "anchor_train_rewards": [round(s["reward"], 4) for s in steps],
         "anchor_samples_per_train_s": samples / train_s,
         "anchor_samples_per_rl_s": samples / (train_s + sum(eval_s)),
+        # The loop after the step-0 evaluation: every step and the later evaluations.
+        "anchor_loop_s": train_s + sum(eval_s[1:]),
+        "anchor_samples_per_loop_s": samples / (train_s + sum(eval_s[1:])),
     }
 
 
@@ -251,6 +259,9 @@ def run_services(args: argparse.Namespace) -> dict[str, Any]:
             f"cluster.fileroot={tmp}",
             f"total_train_steps={args.steps}",
             f"launcher.eval.n_prompts={args.eval_n}",
+            # The anchor's evaluation schedule (0 = before and after only), so both do the
+            # same evaluation work (the preset itself evaluates every 5 steps).
+            f"launcher.eval.freq_steps={args.eval_every}",
         ]
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -268,6 +279,9 @@ def run_services(args: argparse.Namespace) -> dict[str, Any]:
     train_s = sum(step_s)
     rl_s = float(summary["wall_seconds"])
     samples = sum(int(m["samples"]) for m in metrics)
+    # Wall clock from the end of the step-0 evaluation to the end of the last one: every
+    # step (waiting for batches included) and the later evaluations, as `anchor_loop_s`.
+    loop_s = float(evals[-1]["wall_time"]) - float(evals[0]["wall_time"])
     phases: dict[str, float] = {}
     for m in metrics:
         for k, v in m.get("phase_seconds", {}).items():
@@ -287,6 +301,8 @@ def run_services(args: argparse.Namespace) -> dict[str, Any]:
         "services_max_staleness": summary.get("max_staleness_seen"),
         "services_samples_per_train_s": samples / train_s,
         "services_samples_per_rl_s": samples / rl_s,
+        "services_loop_s": loop_s,
+        "services_samples_per_loop_s": samples / loop_s,
     }
 
 
@@ -313,7 +329,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     if not args.skip_services:
         result.update(run_services(args))
         if "services_error" not in result:
-            for key in ("samples_per_train_s", "samples_per_rl_s"):
+            for key in ("samples_per_train_s", "samples_per_rl_s", "samples_per_loop_s"):
                 result[f"services_vs_anchor_{key}"] = (
                     result[f"services_{key}"] / result[f"anchor_{key}"]
                 )

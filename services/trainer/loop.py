@@ -11,6 +11,12 @@ Order of one step (rank 0's side in brackets):
   -> metrics line.
 The checkpoint is written before the ack and records the batch's group ids, so a crash
 between the two is repaired on resume by acknowledging them again (acks are idempotent).
+With eta > 0 and `trainer.overlap_weight_publication` (the default), rank 0 copies the
+gathered weights and publishes them on the I/O loop while every rank goes on to the next
+claim and step; the next publication first waits for this one (phase `publish_wait`), and
+the step's metrics line is written once its publication is complete. A crash with a
+publication in flight is covered by resume step 3: the replicas may or may not serve that
+version, and the restored weights get a version above both.
 
 Resume (`trainer.recover: auto`), in this order, before the first claim:
 1. load the latest checkpoint: step s, version v_ckpt, weights, optimizer, schedulers, RNG;

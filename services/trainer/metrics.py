@@ -30,8 +30,8 @@ ranks compute no statistics of their own).
 | `flywheel_trainer_loss` | actor loss of the last step | — |
 | `flywheel_trainer_stat{name}` | every other documented statistic (prox errors, KL, ...) | see docs/algorithms.md |
 | `flywheel_trainer_staleness_versions` | per-sequence v_train - oldest v_behave | mass beyond eta: admission broken |
-| `flywheel_trainer_step_seconds` | wall time of one step, from batch in hand to weights published (waiting for data is the `wait_batch` phase) | rising: slower steps |
-| `flywheel_trainer_phase_seconds{phase}` | wait_batch, ref, teacher, values, prox, advantages, train, ack, broadcast, checkpoint | which phase dominates |
+| `flywheel_trainer_step_seconds` | wall time of one step, from batch in hand to weights published (with a background publication, `trainer.overlap_weight_publication`, to the publication handed off; waiting for data is the `wait_batch` phase) | rising: slower steps |
+| `flywheel_trainer_phase_seconds{phase}` | wait_batch, ref, teacher, values, prox, advantages, train, ack, broadcast, publish_wait (waiting for the previous background publication), checkpoint | which phase dominates |
 | `flywheel_trainer_tokens_per_second` | trained tokens / train-phase seconds | falling: throughput regression |
 | `flywheel_trainer_trained_tokens_total` / `_samples_total` | trained tokens / trajectories | — |
 | `flywheel_trainer_weight_broadcast_seconds{transport}` | time to make every replica serve v+1 | rising: transport bottleneck |
