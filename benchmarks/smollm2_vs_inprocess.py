@@ -301,6 +301,11 @@ def run_services(args: argparse.Namespace) -> dict[str, Any]:
         "services_max_staleness": summary.get("max_staleness_seen"),
         "services_samples_per_train_s": samples / train_s,
         "services_samples_per_rl_s": samples / rl_s,
+        # Groups generated against groups trained: what the rollout produced in vain.
+        "services_groups_put": int(summary["buffer"]["put_total"]),
+        "services_groups_acked": int(summary["buffer"]["acked_total"]),
+        "services_groups_stale_at_claim": int(summary["buffer"]["dropped_total"]["stale_at_claim"]),
+        "services_groups_left_pending": int(summary["buffer"]["pending"]),
         "services_loop_s": loop_s,
         "services_samples_per_loop_s": samples / loop_s,
     }
