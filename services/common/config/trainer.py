@@ -55,11 +55,11 @@ class TrainerConfig(FlywheelModel):
     """Flywheel: with `rollout.max_head_offpolicyness` > 0, publish version v+1 in the
     background while the trainer claims and trains the next batch (the state dict is copied
     first, so the next optimizer step cannot tear it); the trainer waits for a publication
-    only before starting the next one. The replicas then serve v+1 one publication later
-    than with `false`, which the staleness bound already allows for: every token still
-    satisfies v - v_behave <= eta at the buffer. Synchronous runs (eta = 0) always publish
-    before the next claim. Step records (`metrics.jsonl`) are written once the step's
-    publication is complete."""
+    only before starting the next one. Meanwhile the replicas still generate with version v;
+    the buffer grants a replica capacity by the version it serves, so what it starts stays
+    within eta. Synchronous runs (eta = 0) always publish before the next claim. Step
+    records (`metrics.jsonl`) are written once the step's publication is complete. `false`
+    publishes before the next claim in every mode (the trainer idles during it)."""
 
     weight_dir: str | None = None
     """Directory of published weights (`disk`); null means
