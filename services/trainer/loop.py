@@ -57,6 +57,7 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -81,6 +82,12 @@ log = logging.getLogger(__name__)
 CLAIM_FILE = "trainer_claim.json"
 LOST_METRICS_FILE = "metrics.lost.jsonl"
 LEDGER_FILE = "ledger.json"
+PENDING_RECORDS_DIR = "metrics.pending"
+"""Next to `metrics.jsonl`: one JSON file per trained step whose line is not written yet (it
+waits for the step's publication). Written before the step's checkpoint, so a trainer that
+dies with the line unwritten leaves it here, and the resumed one restores the lines of the
+steps its checkpoint holds (`_cut_metrics`)."""
+INTERRUPTED_PUBLICATION = "interrupted: the trainer stopped before the replicas confirmed it"
 
 
 def consumer_id(cfg: FlywheelConfig) -> str:
@@ -352,6 +359,9 @@ class TrainerLoop:
         phases = dict(result.phase_seconds)
         phases.pop("step", None)
         phases["wait_batch"] = wait_batch
+        if self.ctx.is_main:  # before the checkpoint: see PENDING_RECORDS_DIR
+            record = self._step_record(result, phases, ids, time.perf_counter() - t0)
+            lifecycle.write_json_atomic(self._pending_record_path(self.trainer.step), record)
 
         freq = self.cfg.trainer.save_freq_steps
         if freq is not None and self.trainer.step % freq == 0:
@@ -489,40 +499,16 @@ class TrainerLoop:
         publication; by default the trainer's current ones."""
         step = self.trainer.step if step is None else step
         version = self.trainer.version if version is None else version
-        train_s = phases.get("train", 0.0)
-        record: dict[str, Any] = {
-            "step": step,
-            "version": version,
-            "task_reward": r.stats.get("task_reward"),
-            "staleness_max": r.stats.get("staleness_max", 0.0),
-            "staleness_avg": r.stats.get("staleness_avg", 0.0),
-            "importance_weight": r.stats.get("importance_weight/avg"),
-            "behave_imp_weight": r.stats.get("behave_imp_weight/avg"),
-            "no_eos_ratio": r.stats.get("no_eos_ratio"),
-            "loss": r.loss,
-            "losses": r.minibatch_losses,
-            "grad_norm": r.grad_norm,
-            "lr": r.lr,
-            "samples": r.n_seqs,
-            "tokens": r.n_tokens,
-            "tokens_per_second": r.n_tokens / train_s if train_s > 0 else 0.0,
-            "skipped_updates": r.skipped_updates,
-            "prox_forwards": r.prox_forwards,
-            "step_seconds": step_seconds,
-            "phase_seconds": phases,
-            "group_ids": ids,
-            "staleness_per_seq": r.staleness_per_seq,
-            "stats": r.stats,
-            "wall_time": time.time() if wall_time is None else wall_time,
-        }
-        if r.critic_loss is not None:
-            record["critic_loss"] = r.critic_loss
+        record = self._step_record(
+            r, phases, ids, step_seconds, step=step, version=version, wall_time=wall_time
+        )
         if report is not None:
             record["weight_broadcast_seconds"] = report.seconds
             record["replicas_updated"] = len(report.updated)
             record["replicas_failed"] = sorted(report.failed)
         assert self.jsonl is not None
         self.jsonl.write(record)
+        self._pending_record_path(step).unlink(missing_ok=True)
         if self.tracker is not None:
             self.tracker.log(record)
         if self.metrics is not None:
@@ -552,6 +538,53 @@ class TrainerLoop:
                     "seconds": round(step_seconds, 3),
                 },
             )
+
+    def _pending_record_path(self, step: int) -> Path:
+        return self.paths.metrics_jsonl.with_name(PENDING_RECORDS_DIR) / f"step-{step:08d}.json"
+
+    def _step_record(
+        self,
+        r: StepResult,
+        phases: dict[str, float],
+        ids: list[str],
+        step_seconds: float,
+        *,
+        step: int | None = None,
+        version: int | None = None,
+        wall_time: float | None = None,
+    ) -> dict[str, Any]:
+        """The step's line of `metrics.jsonl` without the publication's fields."""
+        step = self.trainer.step if step is None else step
+        version = self.trainer.version if version is None else version
+        train_s = phases.get("train", 0.0)
+        record: dict[str, Any] = {
+            "step": step,
+            "version": version,
+            "task_reward": r.stats.get("task_reward"),
+            "staleness_max": r.stats.get("staleness_max", 0.0),
+            "staleness_avg": r.stats.get("staleness_avg", 0.0),
+            "importance_weight": r.stats.get("importance_weight/avg"),
+            "behave_imp_weight": r.stats.get("behave_imp_weight/avg"),
+            "no_eos_ratio": r.stats.get("no_eos_ratio"),
+            "loss": r.loss,
+            "losses": r.minibatch_losses,
+            "grad_norm": r.grad_norm,
+            "lr": r.lr,
+            "samples": r.n_seqs,
+            "tokens": r.n_tokens,
+            "tokens_per_second": r.n_tokens / train_s if train_s > 0 else 0.0,
+            "skipped_updates": r.skipped_updates,
+            "prox_forwards": r.prox_forwards,
+            "step_seconds": step_seconds,
+            "phase_seconds": phases,
+            "group_ids": ids,
+            "staleness_per_seq": r.staleness_per_seq,
+            "stats": r.stats,
+            "wall_time": time.time() if wall_time is None else wall_time,
+        }
+        if r.critic_loss is not None:
+            record["critic_loss"] = r.critic_loss
+        return record
 
     # -- checkpoints -------------------------------------------------------------------------
     def _trainer_state(self) -> dict[str, Any]:
@@ -745,22 +778,55 @@ class TrainerLoop:
             version = seen + 1
         return version, replicas
 
+    def _take_pending_records(
+        self, step: int, seen: set[int], keep: list[str], lost: list[str]
+    ) -> None:
+        """Move the dead trainer's unwritten lines into `keep` (steps up to `step` not yet
+        in `metrics.jsonl`) or `lost` (steps after it), and clear the directory."""
+        folder = self.paths.metrics_jsonl.with_name(PENDING_RECORDS_DIR)
+        restored = False
+        for f in sorted(folder.glob("step-*.json")) if folder.is_dir() else []:
+            try:
+                record = json.loads(f.read_text())
+            except ValueError:  # cut short by the crash: that step's checkpoint is not there
+                record = None
+            new = (
+                isinstance(record, dict)
+                and isinstance(record.get("step"), int)
+                and record["step"] not in seen
+            )
+            if new:
+                assert isinstance(record, dict)
+                record["publication"] = INTERRUPTED_PUBLICATION
+                if record["step"] <= step:
+                    keep.append(json.dumps(record))
+                    restored = True
+                else:
+                    lost.append(json.dumps(record))
+            f.unlink(missing_ok=True)
+        if restored:
+            keep.sort(key=lambda x: json.loads(x).get("step", 0))
+
     def _cut_metrics(self, step: int) -> None:
         """Rank 0: `metrics.jsonl` keeps the steps up to the resumed one, each once; records
-        of steps after it (trained by weights that are gone) move to `metrics.lost.jsonl`."""
+        of steps after it (trained by weights that are gone) move to `metrics.lost.jsonl`.
+        A step the checkpoint holds whose line the dead trainer never wrote (its publication
+        was in flight) gets it from `PENDING_RECORDS_DIR`, marked as interrupted."""
         path = self.paths.metrics_jsonl
-        if not path.is_file():
-            return
         keep: list[str] = []
         lost: list[str] = []
-        lines = [x for x in path.read_text().splitlines() if x.strip()]
+        lines = [x for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
+        seen: set[int] = set()
         for line in lines:
             try:
                 record_step = json.loads(line).get("step")
             except ValueError:  # a line cut short by the crash
                 continue
+            if isinstance(record_step, int):
+                seen.add(record_step)
             (lost if isinstance(record_step, int) and record_step > step else keep).append(line)
-        if len(keep) == len(lines):
+        self._take_pending_records(step, seen, keep, lost)
+        if keep == lines and not lost:
             return
         lost_groups = sum(len(json.loads(x).get("group_ids", [])) for x in lost)
         with open(path.with_name(LOST_METRICS_FILE), "a") as fh:
