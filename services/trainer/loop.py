@@ -14,9 +14,11 @@ between the two is repaired on resume by acknowledging them again (acks are idem
 With eta > 0 and `trainer.overlap_weight_publication` (the default), rank 0 copies the
 gathered weights and publishes them on the I/O loop while every rank goes on to the next
 claim and step; the next publication first waits for this one (phase `publish_wait`), and
-the step's metrics line is written once its publication is complete. A crash with a
-publication in flight is covered by resume step 3: the replicas may or may not serve that
-version, and the restored weights get a version above both.
+the step's metrics line is written once its publication is complete (a copy waits in
+`metrics.pending/` from before the step's checkpoint until then; resume step 5 restores the
+lines of checkpointed steps from it). A crash with a publication in flight is covered by
+resume step 3: the replicas may or may not serve that version, and the restored weights get
+a version above both.
 
 Resume (`trainer.recover: auto`), in this order, before the first claim:
 1. load the latest checkpoint: step s, version v_ckpt, weights, optimizer, schedulers, RNG;
