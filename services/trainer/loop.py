@@ -51,6 +51,7 @@ A run that reached `total_train_steps` writes `completed.json` next to its check
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -308,6 +309,9 @@ class TrainerLoop:
             # The last step's weights reach the replicas (and its record the metrics) before
             # the run counts as complete: the launcher's final evaluation samples them.
             self._finish_pending()
+        if self.ctx.is_main:  # every line written: no empty folder left in the run directory
+            with contextlib.suppress(OSError):
+                self.paths.metrics_jsonl.with_name(PENDING_RECORDS_DIR).rmdir()
         if code == 0 and self._should_save_on_exit():
             self._save([])
         if self.ctx.is_main:
