@@ -22,6 +22,7 @@ from services.buffer.metrics import BufferMetrics
 from services.buffer.replay import load_replay
 from services.buffer.servicer import BufferServicer, ServicerSettings, register
 from services.buffer.store import RedisStore, StoreSettings, connect
+from services.common.aio import wait_event
 from services.common.codec import CodecLimits
 from services.common.config import BufferConfig, FlywheelConfig, RolloutConfig
 from services.common.config.services import TLSConfig
@@ -266,8 +267,7 @@ class BufferService:
     async def _monitor_redis(self) -> None:
         interval = self.parts.buffer.health_check_interval_s
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake_monitor.wait(), interval)
+            await wait_event(self._wake_monitor, interval)
             self._wake_monitor.clear()
             await self._check_redis()
 

@@ -10,7 +10,6 @@ accounting invariant covers everything a producer ever sent.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import time
@@ -37,6 +36,7 @@ from services.buffer.validate import (
     put_version_problem,
     set_version_problem,
 )
+from services.common.aio import wait_condition
 from services.common.codec import CodecError, CodecLimits, group_from_proto
 
 log = logging.getLogger(__name__)
@@ -184,8 +184,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
 
     async def _wait_arrival(self, timeout: float) -> None:
         async with self._arrivals:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._arrivals.wait(), timeout)
+            await wait_condition(self._arrivals, timeout)
 
     def _refuse_in_replay(self, what: str) -> None:
         if self.settings.replay:

@@ -28,13 +28,13 @@ starting groups and waits for those in flight to finish and be put.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from services.common.aio import wait_event
 from services.common.codec import TrajectoryGroup
 from services.rollout.data.datasets import PromptDataset
 from services.rollout.engine.base import InferenceEngine
@@ -225,8 +225,7 @@ class RolloutLoop:
     async def _wait(self, seconds: float) -> None:
         """Sleep, but wake early on drain."""
         self._wake.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), timeout=seconds)
+        await wait_event(self._wake, seconds)
 
     def _set_gauges(self) -> None:
         if self.metrics is not None:
@@ -282,9 +281,8 @@ class RolloutLoop:
         group_id = uuid.uuid4().hex
         try:
             try:
-                group = await asyncio.wait_for(
-                    self.workflow.arun_episode(self.engine, data), timeout=self.request_timeout
-                )
+                async with asyncio.timeout(self.request_timeout):  # not wait_for: see aio.py
+                    group = await self.workflow.arun_episode(self.engine, data)
             except TimeoutError:
                 self._reject("timeout")
                 await self._release([reservation_id])

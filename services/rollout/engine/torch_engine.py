@@ -334,6 +334,8 @@ class TorchEngine(InferenceEngine):
         specs = [self._row_sampling(r) for r in rows]
         tokens, logprobs = sample_next(logits, specs, self._shared_gen)
         version = self.version
+        # Counted before any request finishes: its caller may read the stats at once.
+        self.stats.tokens_generated += len(rows)
         for req, tok, lp in zip(rows, tokens.tolist(), logprobs.tolist(), strict=True):
             req.tokens.append(tok)
             req.logprobs.append(lp)
@@ -341,7 +343,6 @@ class TorchEngine(InferenceEngine):
             reason = self._stop_reason(req, tok)
             if reason is not None:
                 self._finish(req, reason)
-        self.stats.tokens_generated += len(rows)
 
     def _row_sampling(self, req: _Request) -> RowSampling:
         """The row's settings; built once per request unless they change with its length."""
