@@ -334,15 +334,45 @@ def test_prometheus_scrapes_every_target_with_real_samples_and_no_alert(stack: S
         alerts = stack.prom("/api/v1/alerts")["alerts"]
         return [a for a in alerts if a["state"] in ("pending", "firing")]
 
+    # Which group each alert is in: `flywheel.system` judges the stack's plumbing,
+    # `flywheel.rl-health` the learning signals of the run.
+    group_of = {
+        rule["name"]: group["name"]
+        for group in stack.prom("/api/v1/rules?type=alert")["groups"]
+        for rule in group["rules"]
+    }
+    assert {"flywheel.system", "flywheel.rl-health"} <= set(group_of.values()), group_of
+
+    def wrong_alerts() -> list[dict[str, Any]]:
+        """Alerts a healthy young run must not have: any firing, and any system alert
+        pending. A learning-signal alert may be pending: its `for` (10-15 minutes) is there
+        to ride out what a young run does for a while (the demo's truncated share rises
+        past 5 % for some steps around step 20-35, then falls back to ~2 %)."""
+        return [
+            a
+            for a in active_alerts()
+            if a["state"] == "firing"
+            or group_of.get(a["labels"]["alertname"]) != "flywheel.rl-health"
+        ]
+
     # FlywheelServiceAbsent is rightly pending while the trainer waits for its dependencies
     # (it starts last; the rule fires only after 5 minutes). Once every target is up, the
-    # next evaluation (evaluation_interval 15 s) must clear it: any alert still pending or
-    # firing after two more intervals and a margin is a real one.
+    # next evaluation (evaluation_interval 15 s) must clear it: any system alert still
+    # pending, or any alert firing, after two more intervals and a margin is a real one.
     try:
-        wait_for("no alert pending or firing", lambda: not active_alerts(), 60)
+        wait_for("no system alert pending, no alert firing", lambda: not wrong_alerts(), 60)
     except AssertionError:
-        assert active_alerts() == []
+        assert wrong_alerts() == []
         raise
+    for alert in active_alerts():  # pending learning-signal alerts: backed by the run's data
+        name = alert["labels"]["alertname"]
+        log(f"{name} pending ({alert['annotations'].get('summary', '')})")
+        if name == "FlywheelNoEosRatioHigh":  # an average above 5 % needs a step above it
+            # (its line may follow the gauge by a publication: waited for, not read once)
+            def truncating_step() -> bool:
+                return any(float(r.get("no_eos_ratio") or 0) > 0.05 for r in stack.steps())
+
+            wait_for("a step record above 5 % truncated", truncating_step, 60)
     # The level of outstanding reservations in a healthy run, for after the faults.
     levels = []
     for _ in range(3):
