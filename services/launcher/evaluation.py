@@ -2,7 +2,10 @@
 
 Evaluation uses the same machinery as training (the engine serving the latest weights and
 the same verifier) but no buffer and no staleness control, so a number here is exactly
-what the policy being trained would score.
+what the policy being trained would score. During a run the trainer trains on while the
+launcher evaluates, so the replica may take new weights between (and within) the
+evaluation's batches: the result names the oldest version that produced a token and the
+newest version seen (`version_min`, `version`), the range its accuracy mixes.
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ class EvalResult:
     accuracy: float
     mean_reward: float
     n: int
-    version: int
+    version: int  # the newest version seen: the replica's at each answer, or a token's
     failures: int
+    version_min: int = -1  # the oldest that produced a token (`version` if none did)
 
 
 def resume_step(cfg: FlywheelConfig, paths: RunPaths) -> int | None:
@@ -66,6 +70,7 @@ def evaluate(
     rewards: list[float] = []
     failures = 0
     version = -1
+    oldest: int | None = None
     try:
         for start in range(0, len(rows), batch):
             chunk = rows[start : start + batch]
@@ -85,6 +90,11 @@ def evaluate(
                 timeout=timeout,
             )
             version = max(version, int(resp.version))
+            for c in resp.completions:
+                if c.versions:
+                    version = max(version, max(c.versions))
+                    low = min(c.versions)
+                    oldest = low if oldest is None else min(oldest, low)
             items = [
                 reward_pb2.ScoreRequest(
                     request_id=f"eval-{uuid.uuid4().hex}",
@@ -117,4 +127,5 @@ def evaluate(
         n=n,
         version=version,
         failures=failures,
+        version_min=version if oldest is None else oldest,
     )

@@ -295,6 +295,7 @@ class LocalRun:
         record = {
             "step": step,
             "version": result.version,
+            "version_min": result.version_min,
             "accuracy": result.accuracy,
             "mean_reward": result.mean_reward,
             "n": result.n,
@@ -304,8 +305,13 @@ class LocalRun:
         self.evals.append(record)
         with open(self.run_dir / "evals.jsonl", "a") as fh:
             fh.write(json.dumps(record) + "\n")
+        seen = (
+            f"version {result.version}"
+            if result.version_min == result.version
+            else f"versions {result.version_min}-{result.version}"
+        )
         _say(
-            f"eval at step {step} (version {result.version}): accuracy {result.accuracy:.3f} "
+            f"eval at step {step} ({seen}): accuracy {result.accuracy:.3f} "
             f"over {result.n} held-out prompts"
         )
         return result

@@ -86,6 +86,9 @@ def test_run_end_to_end_checks_invariants_metrics_and_checkpoint(tmp_path: Path)
         summary["initial_eval_accuracy"] is not None and summary["final_eval_accuracy"] is not None
     )
     assert [e["n"] for e in summary["evals"]] == [16, 16]  # before and after training
+    # Neither evaluation overlaps training: each saw one version, the first the initial
+    # weights, the last the final step's (versions 1..4 are the steps).
+    assert [(e["version_min"], e["version"]) for e in summary["evals"]] == [(0, 0), (4, 4)]
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     consumed = [g for r in records for g in r["group_ids"]]
