@@ -10,7 +10,6 @@ are reloaded on the NOSCRIPT answer.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from services.buffer.metrics import BufferMetrics
 from services.buffer.replay import load_replay
 from services.buffer.servicer import BufferServicer, ServicerSettings, register
 from services.buffer.store import RedisStore, StoreSettings, connect
-from services.common.aio import wait_event
+from services.common.aio import stop_task, wait_event
 from services.common.codec import CodecLimits
 from services.common.config import BufferConfig, FlywheelConfig, RolloutConfig
 from services.common.config.services import TLSConfig
@@ -273,9 +272,7 @@ class BufferService:
 
     async def stop(self, grace: float = 2.0) -> None:
         if self._monitor is not None:
-            self._monitor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._monitor
+            await stop_task(self._monitor)  # not one cancel: redis-py can lose it (aio.py)
         await self.server.stop(grace)
         self.http.stop()
         if self.store is not None:

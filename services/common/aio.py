@@ -1,17 +1,44 @@
-"""Asyncio waits that a `Task.cancel()` always stops.
+"""Asyncio waits that a `Task.cancel()` always stops, and a stop that always ends a task.
 
 On Python 3.11, `asyncio.wait_for` loses a cancellation that arrives after the awaited
 thing finished but before `wait_for` resumed: it returns the result instead of raising
 `CancelledError` (CPython gh-86296, fixed in 3.12 by rewriting `wait_for` on top of
-`asyncio.timeout`). A service's background loop that waits on an event with `wait_for`
-and is stopped with `cancel()` then runs on, and whoever awaits it to stop waits forever
-(the buffer's Redis monitor did, once the event was set at the moment of the cancel).
-`asyncio.timeout` (3.11+) keeps every cancellation, so the waits here use it.
+`asyncio.timeout`). A service's background loop stopped with one `cancel()` then runs on,
+and whoever awaits it to stop waits forever. The buffer's Redis monitor did, twice: in
+its own `wait_for` on an event, and inside redis-py, which writes every command under a
+`wait_for` when a socket timeout is set. `asyncio.timeout` (3.11+) keeps every
+cancellation, so the waits here use it; `stop_task` covers the libraries we do not own by
+cancelling again until the task has ended.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+RECANCEL_S = 0.5
+"""How long `stop_task` lets a cancelled task run on before it cancels it again."""
+
+
+async def stop_task(task: asyncio.Task[Any], *, recancel_s: float = RECANCEL_S) -> None:
+    """Cancel `task` and return once it is done, cancelling it again every `recancel_s`
+    seconds while it runs on (a cancel lost inside a library's `wait_for`). The task's own
+    outcome (result, exception or cancellation) is consumed, not raised: this is a stop."""
+    attempts = 0
+    while not task.done():
+        if attempts:
+            log.info(  # handled, and harmless: worth a line, not an operator's attention
+                "task ran on after its cancel; cancelling it again",
+                extra={"task": task.get_name(), "attempt": attempts + 1},
+            )
+        task.cancel()
+        attempts += 1
+        await asyncio.wait({task}, timeout=recancel_s)
+    if not task.cancelled():
+        task.exception()  # retrieved, so asyncio does not log it as never retrieved
 
 
 async def wait_event(event: asyncio.Event, timeout: float) -> bool:

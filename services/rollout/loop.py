@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.common.aio import wait_event
+from services.common.aio import stop_task, wait_event
 from services.common.codec import TrajectoryGroup
 from services.rollout.data.datasets import PromptDataset
 from services.rollout.engine.base import InferenceEngine
@@ -144,12 +144,10 @@ class RolloutLoop:
                 await self.engine.abort_all()
                 await asyncio.wait(pending, timeout=10.0)
         if self._main is not None:
-            self._main.cancel()
-            await asyncio.gather(self._main, return_exceptions=True)
+            await stop_task(self._main)  # cancelled again if a library loses the cancel
         if self._releaser is not None:  # if it cannot finish, the next start releases by id
             await asyncio.wait({self._releaser}, timeout=10.0)
-            self._releaser.cancel()
-            await asyncio.gather(self._releaser, return_exceptions=True)
+            await stop_task(self._releaser)
 
     # ------------------------------------------------------------------- loop
 

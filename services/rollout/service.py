@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from flywheel_proto.v1 import rollout_pb2_grpc
+from services.common.aio import stop_task
 from services.common.grpc_server import ServiceServer
 from services.common.http_app import MetricsServer
 from services.common.weights.disk import MANIFEST_FILE, read_manifest
@@ -249,9 +250,7 @@ class RolloutService:
             await self.loop.drain(timeout=drain_timeout)
         await self.server.stop(grace=5.0)
         if self._sync_task is not None:
-            self._sync_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sync_task
+            await stop_task(self._sync_task)
         await self.engine.stop()
         for c in self._clients:
             with contextlib.suppress(Exception):

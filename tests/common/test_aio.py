@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from services.common.aio import wait_condition, wait_event
+from services.common.aio import stop_task, wait_condition, wait_event
 
 GUARD_S = 30.0  # bounds a hung loop; nothing here measures speed
 WINDOW = range(8)  # loop iterations between the set and the cancel
@@ -123,3 +123,37 @@ async def test_wait_condition_keeps_a_cancellation() -> None:
         for _ in range(SETTLE):
             await asyncio.sleep(0)
         assert task.done() and task.cancelled(), k
+
+
+async def _loses_cancels(lost: int, log: list[str]) -> None:
+    """A loop whose first `lost` cancels vanish, as inside a library's 3.11 `wait_for`
+    (redis-py writes each command under one when a socket timeout is set)."""
+    while True:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            if len(log) >= lost:
+                raise
+            log.append("lost")
+
+
+async def test_stop_task_ends_a_task_that_lost_its_cancels() -> None:
+    log: list[str] = []
+    task = asyncio.create_task(_loses_cancels(2, log))
+    await asyncio.sleep(0)
+    await stop_task(task, recancel_s=0.01)
+    assert task.cancelled() and log == ["lost", "lost"]
+
+
+async def test_stop_task_consumes_what_the_task_ended_with() -> None:
+    async def fails() -> None:
+        raise RuntimeError("boom")
+
+    async def returns() -> int:
+        return 7
+
+    failed, returned = asyncio.create_task(fails()), asyncio.create_task(returns())
+    await asyncio.sleep(0)  # both have ended
+    await stop_task(failed)
+    await stop_task(returned)
+    assert isinstance(failed.exception(), RuntimeError) and returned.result() == 7
