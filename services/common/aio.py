@@ -19,8 +19,10 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-RECANCEL_S = 0.5
-"""How long `stop_task` lets a cancelled task run on before it cancels it again."""
+RECANCEL_S = 5.0
+"""How long `stop_task` lets a cancelled task run on before it cancels it again: long
+enough for the task's own clean-up after a cancel (a release, a resume) to finish, short
+enough that a lost cancel costs a stop only seconds."""
 
 
 async def stop_task(task: asyncio.Task[Any], *, recancel_s: float = RECANCEL_S) -> None:

@@ -25,6 +25,7 @@ so overload turns into RESOURCE_EXHAUSTED at the door instead of latency for eve
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -33,7 +34,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.common.aio import stop_task
 from services.reward.metrics import RewardMetrics
 from services.reward.process import WorkerGone, WorkerProcess, describe_exit, spawn_worker
 from services.reward.protocol import ProtocolError, encode_frame
@@ -156,7 +156,8 @@ class WorkerPool:
         for slot_task in self._slots:
             slot_task.cancel()
         for slot_task in self._slots:
-            await stop_task(slot_task)  # cancelled again if a cancel is lost (aio.py)
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await slot_task
         for worker in list(self._workers.values()):
             await self._reap(worker)
         self._workers.clear()
