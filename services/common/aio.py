@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -43,25 +44,23 @@ async def stop_task(task: asyncio.Task[Any], *, recancel_s: float = RECANCEL_S) 
         task.exception()  # retrieved, so asyncio does not log it as never retrieved
 
 
-async def wait_event(event: asyncio.Event, timeout: float) -> bool:
-    """Wait until `event` is set or `timeout` seconds pass; True when it was set.
-    A cancellation of the caller is never swallowed (unlike 3.11's `wait_for`)."""
-    if event.is_set():
-        return True
+async def _within(awaitable: Awaitable[Any], timeout: float) -> bool:
+    """True when `awaitable` finished within `timeout` seconds (3.11's `asyncio.timeout`,
+    which keeps the caller's cancellation, unlike `wait_for`)."""
     try:
         async with asyncio.timeout(timeout):
-            await event.wait()
+            await awaitable
     except TimeoutError:
-        return event.is_set()
+        return False
     return True
+
+
+async def wait_event(event: asyncio.Event, timeout: float) -> bool:
+    """Wait until `event` is set or `timeout` seconds pass; True when it is set."""
+    return await _within(event.wait(), timeout) or event.is_set()
 
 
 async def wait_condition(condition: asyncio.Condition, timeout: float) -> bool:
     """`await condition.wait()` for at most `timeout` seconds (the caller holds its lock,
-    and holds it again on return); True when notified. Cancellation is kept as above."""
-    try:
-        async with asyncio.timeout(timeout):
-            await condition.wait()
-    except TimeoutError:
-        return False
-    return True
+    and holds it again on return); True when notified."""
+    return await _within(condition.wait(), timeout)

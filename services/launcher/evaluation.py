@@ -28,7 +28,7 @@ class EvalResult:
     accuracy: float
     mean_reward: float
     n: int
-    version: int  # the newest version seen: the replica's at each answer, or a token's
+    version: int  # the newest version seen: the replica's at its last answer
     failures: int
     version_min: int = -1  # the oldest that produced a token (`version` if none did)
 
@@ -89,12 +89,10 @@ def evaluate(
                 ),
                 timeout=timeout,
             )
-            version = max(version, int(resp.version))
-            for c in resp.completions:
-                if c.versions:
-                    version = max(version, max(c.versions))
-                    low = min(c.versions)
-                    oldest = low if oldest is None else min(oldest, low)
+            version = max(version, int(resp.version))  # no token is newer: versions only grow
+            lows = [min(c.versions) for c in resp.completions if c.versions]
+            if lows:
+                oldest = min(lows) if oldest is None else min(oldest, *lows)
             items = [
                 reward_pb2.ScoreRequest(
                     request_id=f"eval-{uuid.uuid4().hex}",
