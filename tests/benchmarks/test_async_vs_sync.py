@@ -1,0 +1,87 @@
+"""`async_vs_sync`'s arithmetic: the target crossing, the arms, and the summary over seeds.
+
+Worked cases by hand (the arithmetic in the comments); the t quantile 4.303 for 3 seeds is
+Student's (checked in test_ci95.py).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from async_vs_sync import Arm, arms_of, crossing, summarise  # noqa: E402
+
+
+def test_crossing_interpolates_between_the_two_evaluations_around_it() -> None:
+    # 0.5 at x=10, 0.7 at x=20: 0.6 is reached halfway, at x=15
+    assert crossing([0, 10, 20], [0.2, 0.5, 0.7], 0.6) == pytest.approx(15.0)
+    # the start does not count, even above the target
+    assert crossing([0, 10], [0.9, 0.5], 0.6) is None
+    assert crossing([0, 10, 20], [0.2, 0.6, 0.9], 0.6) == 10  # exactly at an evaluation
+    assert crossing([0, 10, 20], [0.2, 0.5, 0.59], 0.6) is None
+
+
+def test_eta_zero_runs_once_whatever_the_methods() -> None:
+    assert arms_of([0, 2], ["recompute", "loglinear"]) == [
+        Arm(0, "recompute"),
+        Arm(2, "recompute"),
+        Arm(2, "loglinear"),
+    ]
+    assert Arm(4, "loglinear").name == "eta4-loglinear"
+
+
+def run(seed: int, accs: list[float], seconds: list[float], sps: float) -> dict[str, Any]:
+    samples = [0, 512, 1024]
+    curve = [
+        {"version": v, "samples": n, "seconds": s, "accuracy": a}
+        for v, n, s, a in zip((0, 1, 2), samples, seconds, accs, strict=True)
+    ]
+    return {
+        "seed": seed,
+        "curve": curve,
+        "seconds_to_target": crossing(seconds, accs, 0.6),
+        "samples_to_target": crossing([float(n) for n in samples], accs, 0.6),
+        "seconds_per_step": sps,
+        "first_step_seconds": seconds[1],
+        "staleness_max": 2.0,
+        "stats": {"rs_filtered_fraction": 0.01 * seed},
+        "behave_imp_weight_max": 1.5,
+    }
+
+
+def test_summary_pairs_seeds_and_reports_the_speedup_interval() -> None:
+    base = [run(s, [0.2, 0.5, 0.7], [0, 10, 20], 2.0) for s in (1, 2, 3)]
+    # arm: the same accuracies, twice as fast for seeds 1-2, 4x for seed 3
+    arm = [
+        run(1, [0.2, 0.5, 0.7], [0, 5, 10], 1.0),
+        run(2, [0.2, 0.5, 0.7], [0, 5, 10], 1.0),
+        run(3, [0.2, 0.5, 0.7], [0, 2.5, 5], 0.5),
+    ]
+    out = summarise(arm, base)
+    # speed-ups 15/7.5 = 2, 2, 15/3.75 = 4: mean 8/3; sd = sqrt(((2/3)^2*2 + (4/3)^2)/2)
+    # = 1.1547; half = 4.303 * 1.1547 / sqrt(3) = 2.8687
+    assert out["speedup"]["mean"] == pytest.approx(8 / 3)
+    assert out["speedup"]["half_width"] == pytest.approx(2.8687, abs=1e-3)
+    assert out["speedup_geometric_mean"] == pytest.approx((2 * 2 * 4) ** (1 / 3))
+    assert out["speedup_seeds"] == 3
+    assert out["samples_to_target_ratio"]["mean"] == pytest.approx(1.0)
+    assert out["within_baseline_interval"] is True  # equal curves
+    assert out["curve"][2]["accuracy_minus_baseline"]["mean"] == pytest.approx(0.0)
+    assert out["stats"]["rs_filtered_fraction"] == pytest.approx(0.02)
+
+
+def test_an_arm_below_the_baseline_interval_is_flagged_and_unreached_seeds_dropped() -> None:
+    base = [run(s, [0.2, 0.5 + 0.01 * s, 0.7], [0, 10, 20], 2.0) for s in (1, 2, 3)]
+    arm = [run(s, [0.2, 0.3, 0.55 + 0.1 * (s == 3)], [0, 5, 10], 1.0) for s in (1, 2, 3)]
+    out = summarise(arm, base)
+    assert out["within_baseline_interval"] is False
+    assert out["reached_target"] == 1 and out["speedup_seeds"] == 1
+    # seed 3 only: base crosses 0.6 between 0.53 (10 s) and 0.7 (20 s) at
+    # 10 + 10 * 0.07 / 0.17 = 14.1176 s; the arm between 0.3 (5 s) and 0.65 (10 s) at
+    # 5 + 5 * 0.3 / 0.35 = 9.2857 s: 14.1176 / 9.2857 = 1.5204, no interval from one seed
+    assert out["speedup"]["mean"] == pytest.approx(1.520362, abs=1e-6)
+    assert out["speedup"]["half_width"] is None
