@@ -53,8 +53,10 @@ def _as_latex(s: str) -> str:
 
 
 def _parse(s: str) -> list[Any]:
+    """math-verify's reading of `s`, numbers in scientific notation written out first (it
+    reads `$1e6$` as `1*e*6` and a bare `2.5e3` as `2.5`: wrong either way)."""
     mv = _mv()
-    return mv.parse(_as_latex(s), parsing_timeout=None)
+    return mv.parse(_as_latex(extract.expand_exponents(s)), parsing_timeout=None)
 
 
 @lru_cache(maxsize=_GOLD_CACHE_SIZE)
@@ -99,7 +101,8 @@ def math_equal(gold: str, pred: str) -> bool:
 
 
 def _numeric_candidate(candidate: str) -> str:
-    """Reduce `18 dollars` / `$18.00 per week` to the number; keep LaTeX as it is."""
+    """Reduce `18 dollars` / `$18.00 per week` to the number; keep LaTeX as it is. A number
+    in scientific notation (`1e6 dollars`) is one number: all of it, never its mantissa."""
     if extract.to_fraction(candidate) is not None or "\\" in candidate:
         return candidate
     first = extract.first_number(candidate)
@@ -115,7 +118,8 @@ def gsm8k_reward(
     **kwargs: Any,
 ) -> float:
     """1.0 when the final answer (`#### N`, else `\\boxed{N}`, else "the answer is N", else
-    the last number) equals the reference after `####` in `answer`, by math-verify."""
+    the last number) equals the reference after `####` in `answer`, by math-verify.
+    Scientific notation counts by its value: `#### 1e6` is 1000000 (and not 1)."""
     gold = reference(answer, _numeric_candidate(extract.gsm8k_gold(answer)))
     pred = extract.final_answer(completions)
     if pred is None:
@@ -132,14 +136,17 @@ def math_reward(
     **kwargs: Any,
 ) -> float:
     """MATH-style: the last `\\boxed{...}` (else the last expression math-verify finds in the
-    tail of the completion) against the reference, equivalence by math-verify."""
+    tail of the completion) against the reference, equivalence by math-verify. Numbers in
+    scientific notation are written out first: `\\boxed{2.5e3}` is 2500 (not 2.5, nor
+    `2.5*e*3`)."""
     gold = reference(answer, extract.clean_answer(extract.last_boxed(answer) or answer))
     boxed = extract.last_boxed(completions)
     if boxed is not None:
         pred_parsed = _parse(boxed)
     else:
         # No box: let math-verify find the last LaTeX/number in the tail.
-        pred_parsed = _mv().parse(completions[-extract.TAIL_CHARS :], parsing_timeout=None)
+        tail = extract.expand_exponents(completions[-extract.TAIL_CHARS :])
+        pred_parsed = _mv().parse(tail, parsing_timeout=None)
     if not pred_parsed:
         return 0.0
     return 1.0 if _mv().verify(list(gold), pred_parsed, timeout_seconds=None) else 0.0

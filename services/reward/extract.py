@@ -11,19 +11,35 @@ The forms handled are the ones models actually write:
 - LaTeX `\\boxed{...}` / `\\fbox{...}` with nested braces (the last one wins);
 - "the answer is 42" / "final answer: 42" phrases;
 - bracketed answers `[42]` (CLEVR-count style prompts ask for them);
-- as a last resort, the last number in the text (`1,234.5`, `-3`, `3/4`, `.5`).
+- as a last resort, the last number in the text (`1,234.5`, `-3`, `3/4`, `.5`, `1e6`).
+
+A number in scientific notation (`1e6`, `2.5E-3`) is one number: it is read whole or not
+at all, never as its mantissa. math-verify reads `1e6` as `1*e*6` (LaTeX's `e` is Euler's
+number) or as `1`, so `plain_number` and `expand_exponents` write such numbers out in full
+(`1000000`, `0.0025`) before math-verify sees them.
 """
 
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 from fractions import Fraction
 
 # A number as models write it: optional sign, digits with optional thousands commas,
-# optional decimals, or a leading-dot decimal; optionally a simple fraction `a/b`.
-# No nested quantifiers, so the scan stays linear on adversarial input.
-_NUMBER = r"[-−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s?/\s?\d+)?|[-−]?\.\d+"
+# optional decimals, or a leading-dot decimal; an optional exponent (`1e6`, `2.5E-3`);
+# optionally a simple fraction `a/b`. No nested quantifiers, so the scan stays linear on
+# adversarial input.
+_EXPONENT = r"(?:[eE][-+]?\d+)?"
+_NUMBER = (
+    rf"[-−]?(?:\d{{1,3}}(?:,\d{{3}})+|\d+)(?:\.\d+)?{_EXPONENT}(?:\s?/\s?\d+)?"
+    rf"|[-−]?\.\d+{_EXPONENT}"
+)
 NUMBER_RE = re.compile(rf"(?<![\w.])(?:{_NUMBER})")
+# Scientific notation alone: mantissa and exponent, as a whole token (not inside a word).
+_SCIENTIFIC_RE = re.compile(r"(?<![\w.])([-+−]?(?:\d+(?:\.\d*)?|\.\d+))[eE]([-+]?\d+)(?!\w|\.\d)")
+MAX_EXPONENT = 100
+"""Largest |exponent| written out in full (`1e100` is 101 digits). Beyond it a number stays
+as written: read whole, equal to nothing plain, and never expanded into megabytes."""
 _ANSWER_PHRASE_RE = re.compile(
     r"(?:final answer|the answer|answer)\s*(?:is|:|=)\s*:?\s*",
     re.IGNORECASE,
@@ -33,7 +49,7 @@ _BOX_COMMANDS = ("\\boxed", "\\fbox")
 # How many unclosed boxes to step back over: bounded so that a text made of thousands of
 # unclosed `\boxed{` stays linear (each step scans to the end at most once).
 _MAX_BOX_FALLBACKS = 4
-_PLAIN_NUMBER_RE = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:/\d+)?")
+_PLAIN_NUMBER_RE = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?(?:/\d+)?")
 # Tails longer than this are not searched for phrases: answers sit at the end, and a bound
 # keeps a 1 MB completion as cheap as a short one.
 TAIL_CHARS = 4096
@@ -162,8 +178,34 @@ def final_answer(text: str) -> str | None:
     return None
 
 
+def _written_out(m: re.Match[str]) -> str:
+    """The full decimal form of one scientific-notation match, or the match unchanged when
+    its exponent is beyond `MAX_EXPONENT`."""
+    mantissa, exponent = m.group(1).replace("−", "-"), m.group(2)
+    if len(exponent.lstrip("+-")) > 4 or abs(int(exponent)) > MAX_EXPONENT:
+        return m.group(0)
+    return format(Decimal(f"{mantissa}e{exponent}"), "f")
+
+
+def plain_number(s: str) -> str:
+    """`s` written out in full when it is one number in scientific notation (`1e6` ->
+    `1000000`, `2.5E-3` -> `0.0025`), else `s` unchanged."""
+    m = _SCIENTIFIC_RE.fullmatch(s.strip())
+    return _written_out(m) if m is not None else s
+
+
+def expand_exponents(text: str) -> str:
+    """`text` with every number in scientific notation written out in full (`x = 2.5e3` ->
+    `x = 2500`), for math-verify, which reads `2.5e3` as `2.5*e*3`. Exponents beyond
+    `MAX_EXPONENT` stay as written, so the result grows at most ~25 times (`1e99`)."""
+    if "e" not in text and "E" not in text:
+        return text
+    return _SCIENTIFIC_RE.sub(_written_out, text)
+
+
 def to_fraction(s: str) -> Fraction | None:
-    """An exact value for a plain number string (`1,234.50`, `-3`, `3/4`, `.5`), else None.
+    """An exact value for a plain number string (`1,234.50`, `-3`, `3/4`, `.5`, `2.5e3`),
+    else None (also for an exponent beyond `MAX_EXPONENT`: `1e999999` would cost seconds).
 
     Used where math-verify would be overkill (integer demo answers, counts): exact rationals
     so that "0.1" + "0.2" style float noise cannot flip a reward.
@@ -173,6 +215,10 @@ def to_fraction(s: str) -> Fraction | None:
         t = t[:-1]
     if len(t) > 64 or not _PLAIN_NUMBER_RE.fullmatch(t):
         return None
+    if "e" in t or "E" in t:
+        t = _SCIENTIFIC_RE.sub(_written_out, t)
+        if "e" in t or "E" in t:  # an exponent beyond MAX_EXPONENT
+            return None
     try:
         if "/" in t:
             num, _, den = t.partition("/")

@@ -68,6 +68,51 @@ def test_math_reward_uses_the_last_box_and_math_equivalence() -> None:
     assert call(b.math_reward, "Therefore the result is $\\frac{10}{4}$", "\\frac{5}{2}") == 1.0
 
 
+@pytest.mark.parametrize(
+    ("fn", "completion", "answer", "gold_latex", "expected"),
+    [
+        # 1e6 = 1 x 10^6 = 1000000: the false negative and false positives.
+        (b.gsm8k_reward, "#### 1e6", "1000000", "1000000", 1.0),
+        (b.gsm8k_reward, "#### 1e6", "1", "1", 0.0),
+        (b.gsm8k_reward, "#### 2.5e3", "2.5", "2.5", 0.0),
+        (b.gsm8k_reward, "#### 2.5e3", "2500", "2500", 1.0),  # 2.5 x 1000
+        (b.gsm8k_reward, "She pays 1.5E-3 dollars.\n#### 1.5E-3", "0.0015", "0.0015", 1.0),
+        (b.gsm8k_reward, "The answer is 3e2 apples.", "#### 300", "300", 1.0),
+        (b.gsm8k_reward, "#### 1e6 dollars", "#### 1", "1", 0.0),
+        (b.math_reward, "\\boxed{1e6}", "1000000", "1000000", 1.0),
+        (b.math_reward, "\\boxed{2.5e3}", "2.5", "2.5", 0.0),
+        (b.math_reward, "\\boxed{2.5e3}", "\\boxed{2500}", "2500", 1.0),
+        (b.math_reward, "so the count is 1e6", "1000000", "1000000", 1.0),  # no box: the tail
+        (b.math_reward, "so the count is 1e6", "1", "1", 0.0),
+        # Scientific notation in the reference too: 10^6 against 10^6.
+        (b.math_reward, "\\boxed{1e6}", "\\boxed{1e6}", "1 \\times 10^{6}", 1.0),
+    ],
+)
+def test_scientific_notation_scores_its_value(  # type: ignore[no-untyped-def]
+    fn, completion: str, answer: str, gold_latex: str, expected: float
+) -> None:
+    # Reference: math-verify itself, given the completion's number in the LaTeX it reads
+    # (`m \times 10^{k}`) and the reference's value: the reward agrees with its verdict.
+    import math_verify as mv
+
+    m, k = re.findall(r"([\d.]+)[eE]([-+]?\d+)", completion)[0]
+    verdict = mv.verify(
+        mv.parse(f"${gold_latex}$", parsing_timeout=None),
+        mv.parse(f"${m} \\times 10^{{{k}}}$", parsing_timeout=None),
+        timeout_seconds=None,
+    )
+    assert float(verdict) == expected
+    assert call(fn, completion, answer) == expected
+
+
+def test_a_huge_exponent_is_read_whole_and_matches_nothing_plain() -> None:
+    # 1e500 is beyond what is written out: still one number, never its mantissa 1.
+    assert call(b.gsm8k_reward, "#### 1e500", "1") == 0.0
+    assert call(b.arithmetic_reward, "#### 1e500", "1") == 0.0
+    assert call(b.arithmetic_reward, "#### 2.5e3", "2500") == 1.0  # 2.5 x 1000, exactly
+    assert call(b.arithmetic_reward, "#### 2.5e3", "2.5") == 0.0
+
+
 def test_exact_match() -> None:
     assert call(b.exact_match_reward, "  Paris\n", "Paris") == 1.0
     assert call(b.exact_match_reward, "paris", "Paris") == 0.0

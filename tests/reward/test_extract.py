@@ -64,7 +64,12 @@ def test_many_unclosed_boxes_stay_cheap() -> None:
         ("$18.", Fraction(18)),
         ("50%", Fraction(50)),
         ("−2", Fraction(-2)),  # unicode minus
-        ("1e9999999", None),  # exponent notation is refused (no huge integers)
+        ("2.5e3", Fraction(2500)),  # 2.5 x 10^3
+        ("1E6", Fraction(10**6)),
+        ("-4.5e-2", Fraction(-45, 1000)),  # -4.5 / 100
+        ("1e100", Fraction(10**100)),  # the largest exponent written out
+        ("1e101", None),  # beyond MAX_EXPONENT: refused, no huge integers
+        ("1e9999999", None),
         ("1/0", None),
         ("abc", None),
     ],
@@ -127,3 +132,76 @@ def test_fuzz_thousands_commas_and_decimals_round_trip(n: int, frac: int) -> Non
     # e.g. 1234567 and 5 -> "1,234,567.05" -> 123456705/100
     assert extract.to_fraction(written) == Fraction(n * 100 + frac, 100)
     assert extract.last_number(f"costs ${written} total") == written
+
+
+# --- scientific notation ------------------------------------------------------------------
+# Reference: Python's float() reads scientific notation by the language's floating-point
+# literal grammar (`1e6` is 1.0 x 10**6); a number written out by `plain_number` must denote
+# the same value to it, and the extractors must take the whole token, never its mantissa.
+
+
+@pytest.mark.parametrize(
+    ("s", "written"),
+    [
+        ("1e6", "1000000"),  # 1 x 10^6
+        ("2.5e3", "2500"),  # 2.5 x 1000
+        ("2.5E-3", "0.0025"),  # 2.5 / 1000
+        ("-1.25e+2", "-125"),  # -1.25 x 100
+        (".5e1", "5"),  # 0.5 x 10
+        ("−3e2", "-300"),  # unicode minus
+        (" 7e0 ", "7"),
+        ("1e101", "1e101"),  # beyond MAX_EXPONENT: as written
+        ("1,000", "1,000"),  # not scientific: unchanged
+        ("e5", "e5"),
+        ("x1e5", "x1e5"),
+    ],
+)
+def test_plain_number_writes_scientific_notation_out(s: str, written: str) -> None:
+    assert extract.plain_number(s) == written
+    if written != s and "e" not in written:
+        assert float(written) == float(s.replace("−", "-"))
+
+
+@pytest.mark.parametrize(
+    ("text", "first", "last"),
+    [
+        ("#### 1e6", "1e6", "1e6"),
+        ("so 2.5e3 dollars, not 2.5", "2.5e3", "2.5"),
+        ("it is 4.5E-2.", "4.5E-2", "4.5E-2"),
+        ("take 3e and 2", "3", "2"),  # no exponent digits: `e` is a word
+        ("1e6kg", "1e6", "1e6"),  # a unit glued on: still all of 1e6
+        ("x1e6", None, None),  # inside a word: no number at all
+    ],
+)
+def test_first_and_last_number_take_the_whole_scientific_token(
+    text: str, first: str | None, last: str | None
+) -> None:
+    assert extract.first_number(text) == first
+    assert extract.last_number(text) == last
+
+
+def test_expand_exponents_leaves_latex_and_words_alone_and_stays_bounded() -> None:
+    text = "x = 2.5e3, y = 1e6. e^{2}, 3e^{x}, 0x3e5, a1e5, 1e999"
+    assert extract.expand_exponents(text) == (
+        "x = 2500, y = 1000000. e^{2}, 3e^{x}, 0x3e5, a1e5, 1e999"
+    )
+    # The worst growth: `1e99` (4 characters) becomes 100 digits; `1e100` is 101 from 5.
+    worst = "1e99 " * 1000
+    assert len(extract.expand_exponents(worst)) == 101 * 1000
+
+
+@FUZZ
+@given(
+    mantissa=st.decimals(min_value=-(10**6), max_value=10**6, places=3, allow_nan=False),
+    exponent=st.integers(-extract.MAX_EXPONENT, extract.MAX_EXPONENT),
+    upper=st.booleans(),
+)
+def test_fuzz_scientific_notation_keeps_its_value(
+    mantissa: object, exponent: int, upper: bool
+) -> None:
+    written = f"{mantissa}{'E' if upper else 'e'}{exponent}"
+    expected = Fraction(str(mantissa)) * Fraction(10) ** exponent
+    assert extract.to_fraction(written) == expected
+    assert Fraction(extract.plain_number(written)) == expected
+    assert float(extract.plain_number(written)) == float(written)
+    assert extract.last_number(f"the total is {written} units") == written
