@@ -71,6 +71,7 @@ class RolloutLoop:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         max_head_offpolicyness: int | None = None,
         catch_up: Callable[[], Awaitable[bool]] | None = None,
+        on_behind: Callable[[bool], None] | None = None,
     ) -> None:
         if max_concurrent < 1:
             raise ValueError(f"max_concurrent_rollouts={max_concurrent}: must be >= 1")
@@ -85,6 +86,8 @@ class RolloutLoop:
         self.max_head_offpolicyness = max_head_offpolicyness
         self.catch_up = catch_up
         self._last_catch_up = -1
+        self.on_behind = on_behind
+        self.behind = False  # more than eta behind the buffer, and no catch-up helped
         self.metrics = metrics
         self.check_trajectory_format = check_trajectory_format
         self.stats = LoopStats()
@@ -208,17 +211,35 @@ class RolloutLoop:
 
     async def _maybe_catch_up(self, buffer_version: int) -> None:
         """More than η behind the buffer: what we generate now would be dropped as stale,
-        so pull the newest published weights (once per buffer version) before generating."""
+        so pull the newest published weights (once per buffer version) before generating.
+        Still that far behind afterwards (nothing published, or it failed to load), the
+        replica is `behind` and says so through `on_behind(True)` (its readiness), until a
+        push or a later pull brings it within η (`on_behind(False)`)."""
         eta = self.max_head_offpolicyness
-        if self.catch_up is None or eta is None or buffer_version == self._last_catch_up:
+        if self.catch_up is None or eta is None:
             return
-        if buffer_version - int(getattr(self.engine, "version", buffer_version)) <= eta:
-            return
-        self._last_catch_up = buffer_version
-        try:
-            await self.catch_up()
-        except Exception as exc:  # noqa: BLE001 - a failed pull leaves the old weights serving
-            log.warning("catch-up from published weights failed", extra={"error": str(exc)})
+
+        def lag() -> int:
+            return buffer_version - int(getattr(self.engine, "version", buffer_version))
+
+        if lag() > eta and buffer_version != self._last_catch_up:
+            self._last_catch_up = buffer_version
+            try:
+                await self.catch_up()
+            except Exception as exc:  # noqa: BLE001 - a failed pull leaves the old weights
+                log.warning("catch-up from published weights failed", extra={"error": str(exc)})
+        behind = lag() > eta
+        if behind != self.behind:
+            self.behind = behind
+            log.log(
+                logging.WARNING if behind else logging.INFO,
+                "more than max_head_offpolicyness behind the buffer and nothing newer to load"
+                if behind
+                else "within max_head_offpolicyness of the buffer again",
+                extra={"buffer_version": buffer_version, "lag": lag(), "eta": eta},
+            )
+            if self.on_behind is not None:
+                self.on_behind(behind)
 
     async def _wait(self, seconds: float) -> None:
         """Sleep, but wake early on drain."""

@@ -101,6 +101,8 @@ class RolloutService:
         self.servicer: RolloutServicer | None = None
         self.http: MetricsServer | None = None
         self._ready = False
+        self._serving = False  # what the servicer last asked (False while applying weights)
+        self._behind = False  # more than eta stale with nothing newer to load (the loop)
         self._clients: list[Any] = []
         self._sync_task: asyncio.Task[None] | None = None
         self._loop_task: asyncio.Task[None] | None = None
@@ -133,7 +135,7 @@ class RolloutService:
             port=ep.replica_port(self.replica_index, "metrics_port"),
         )
         self.http.start()
-        self._ready = True
+        self._set_serving(True)
         self._sync_task = asyncio.create_task(self._sync_metrics())
         if self.loop is not None:
             self._loop_task = self.loop.start()
@@ -148,8 +150,16 @@ class RolloutService:
         return self.port
 
     def _set_serving(self, serving: bool) -> None:
-        self._ready = serving
-        self.server.set_serving(serving)
+        """Ready (gRPC health SERVING, /readyz 200) when serving and not stuck behind: a
+        replica too stale to be admitted that cannot load newer weights is not Ready, so
+        its pod shows it instead of looking healthy while the run waits for it."""
+        self._serving = serving
+        self._ready = serving and not self._behind
+        self.server.set_serving(self._ready)
+
+    def _on_behind(self, behind: bool) -> None:
+        self._behind = behind
+        self._set_serving(self._serving)
 
     def _build_loop(self) -> Any:
         from services.buffer.client import BufferClient
@@ -212,6 +222,7 @@ class RolloutService:
             check_trajectory_format=r.check_trajectory_format,
             max_head_offpolicyness=r.max_head_offpolicyness,
             catch_up=self.catch_up,
+            on_behind=self._on_behind,
         )
 
     async def catch_up(self) -> bool:
@@ -242,7 +253,7 @@ class RolloutService:
 
     async def stop(self, drain_timeout: float = 60.0) -> None:
         """Graceful: NOT_SERVING, drain the loop, stop serving, release everything."""
-        self._ready = False
+        self._ready = self._serving = False
         if self.servicer is not None:
             self.servicer.draining = True
         self.server.set_serving(False)

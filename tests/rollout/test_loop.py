@@ -187,6 +187,46 @@ async def test_a_replica_more_than_eta_behind_pulls_published_weights(
     assert len(calls) == pulls
 
 
+async def test_a_replica_that_cannot_catch_up_reports_itself_behind(engine: TorchEngine) -> None:
+    # Buffer at version 5, engine at 0, eta 1: generated groups would be 5 versions stale.
+    # The pull finds nothing to load (returns False, the version stays 0): the loop reports
+    # `on_behind(True)` once, and pulls once per buffer version, not per reservation. A push
+    # of version 5 (the trainer's next publication) brings it within eta: `on_behind(False)`.
+    events: list[bool] = []
+    pulls: list[int] = []
+
+    async def catch_up() -> bool:
+        pulls.append(engine.version)
+        return False
+
+    loop = RolloutLoop(
+        engine=engine,
+        workflow=ScriptedWorkflow(set()),
+        dataset=tiny_dataset(engine),
+        buffer=VersionedBuffer(grants=100, version=5),
+        rollout_id="rollout-0",
+        max_concurrent=1,
+        sleep=no_sleep,
+        max_head_offpolicyness=1,
+        catch_up=catch_up,
+        on_behind=events.append,
+    )
+    saved = engine.version
+    try:
+        async with asyncio.timeout(30):
+            loop.start()
+            while loop.stats.groups_started < 3:
+                await asyncio.sleep(0.005)
+            assert events == [True] and loop.behind and pulls == [0]
+            engine.version = 5
+            while events != [True, False]:
+                await asyncio.sleep(0.005)
+            await loop.drain(timeout=10)
+    finally:
+        engine.version = saved
+    assert not loop.behind and pulls == [0]
+
+
 async def test_pause_stops_new_groups_until_resume(engine: TorchEngine) -> None:
     buffer = ScriptedBuffer(grants=100)
     loop = RolloutLoop(
