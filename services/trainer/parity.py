@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -78,30 +78,58 @@ def probe_prompts(
     return [row.tolist() for row in ids]
 
 
-LogitsFn = Callable[[Mapping[str, torch.Tensor], torch.Tensor], torch.Tensor]
-"""(published state dict, input_ids [1, T]) -> logits [1, T, V]."""
+class Reference(Protocol):
+    """The trainer's side of the probe: a model that computes under published weights."""
+
+    vocab_size: int
+
+    def load(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Compute under `state_dict` (the published tensors, any float dtype) from now on."""
+
+    def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids [1, T] -> logits [1, T, V] under the last loaded weights. Called from
+        several threads at once (one per probed replica); it must not change the model."""
 
 
-def hf_reference(cfg: FlywheelConfig) -> tuple[LogitsFn, int]:
-    """A reference forward over published weights, and the model's vocabulary size.
+class HFReference:
+    """A reference forward over published weights: the model of `actor.path`, built once
+    (on CPU, float32).
 
-    The model is built once from `actor.path` (on CPU, float32); each call runs it with the
-    published tensors in place of its own (`torch.func.functional_call`), so no copy of the
-    weights is made per update. It costs one extra model in rank 0's CPU memory.
+    `load` copies the published tensors into the model's own float32 parameters, once per
+    probed version; `logits` only reads them, so the forwards of all probed replicas can run
+    at once. (Swapping the published tensors in for the length of each forward, as
+    `torch.func.functional_call` does, changes the one shared model while other forwards
+    run on it: a forward that ends puts the model's own tensors back under the forwards
+    still running, which then compute partly with other weights; a healthy replica fails.)
+    It costs one extra model in rank 0's CPU memory and no copy per update.
     """
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.vocab_size = int(model.config.vocab_size)
+
+    def load(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        with torch.no_grad():
+            result = self.model.load_state_dict(dict(state_dict), strict=False)
+        if result.unexpected_keys:
+            raise ValueError(
+                f"the published weights name tensors the reference model of actor.path does "
+                f"not have: {sorted(result.unexpected_keys)[:5]}"
+            )
+
+    def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return self.model(input_ids=input_ids, use_cache=False).logits
+
+
+def hf_reference(cfg: FlywheelConfig) -> HFReference:
+    """The reference of `cfg`: the HF model of `actor.path` on CPU in float32."""
     from services.trainer.model import load_hf_model
 
     model: Any = load_hf_model(cfg.actor.model_copy(update={"optimizer_dtype": "float32"}))
     model.eval()
-    vocab = int(model.config.vocab_size)
-
-    def logits(sd: Mapping[str, torch.Tensor], ids: torch.Tensor) -> torch.Tensor:
-        params = {k: v.float() for k, v in sd.items()}
-        with torch.no_grad():
-            out = torch.func.functional_call(model, params, (ids,), strict=False)
-        return out.logits
-
-    return logits, vocab
+    model.requires_grad_(False)
+    return HFReference(model)
 
 
 class ParityProbe:
@@ -109,7 +137,7 @@ class ParityProbe:
 
     def __init__(
         self,
-        reference: Callable[[], tuple[LogitsFn, int]],
+        reference: Callable[[], Reference],
         *,
         weight_dtype: str = "float32",
         tolerance: float | None = None,
@@ -121,7 +149,8 @@ class ParityProbe:
         metrics: TrainerMetrics | None = None,
     ) -> None:
         self._reference_factory = reference
-        self._logits_fn: LogitsFn | None = None
+        self._reference_model: Reference | None = None
+        self._lock = asyncio.Lock()
         self.prompts: list[list[int]] = []
         self.n_prompts, self.prompt_len = n_prompts, prompt_len
         self.weight_dtype = weight_dtype
@@ -151,14 +180,19 @@ class ParityProbe:
             metrics=metrics,
         )
 
-    def _ensure(self) -> LogitsFn:
+    def _ensure(self) -> Reference:
         """Build the reference on first use (not at start-up: loading a model may take
         longer than the trainer's start-up deadline)."""
-        if self._logits_fn is None:
-            fn, vocab = self._reference_factory()
-            self.prompts = probe_prompts(vocab, n_prompts=self.n_prompts, length=self.prompt_len)
-            self._logits_fn = fn
-        return self._logits_fn
+        if self._reference_model is None:
+            ref = self._reference_factory()
+            self.prompts = probe_prompts(
+                ref.vocab_size, n_prompts=self.n_prompts, length=self.prompt_len
+            )
+            self._reference_model = ref
+        return self._reference_model
+
+    def _load(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        self._ensure().load(state_dict)
 
     def _sampling(self) -> SamplingParams:
         return SamplingParams(
@@ -168,16 +202,12 @@ class ParityProbe:
             n_samples=1,
         )
 
-    def _reference(
-        self, sd: Mapping[str, torch.Tensor], prompt: list[int], out: list[int]
-    ) -> torch.Tensor:
+    def _reference(self, prompt: list[int], out: list[int]) -> torch.Tensor:
         ids = torch.tensor([[*prompt, *out]], dtype=torch.long)
-        lp, _ = token_logprobs(self._ensure()(sd, ids), ids)
+        lp, _ = token_logprobs(self._ensure().logits(ids), ids)
         return lp[0, len(prompt) :]
 
-    async def _one(
-        self, addr: str, client: RolloutClient, sd: Mapping[str, torch.Tensor], version: int
-    ) -> ParityResult:
+    async def _one(self, addr: str, client: RolloutClient, version: int) -> ParityResult:
         def result(diff: float | None, reason: str, tokens: int = 0) -> ParityResult:
             ok = diff is not None and math.isfinite(diff) and diff <= self.tolerance
             if not ok and not reason:
@@ -204,7 +234,7 @@ class ParityProbe:
         diff, tokens = 0.0, 0
         for prompt, comp in zip(self.prompts, answer.completions, strict=True):
             served = torch.tensor(comp.logprobs, dtype=torch.float32)
-            ref = await asyncio.to_thread(self._reference, sd, prompt, list(comp.output_ids))
+            ref = await asyncio.to_thread(self._reference, prompt, list(comp.output_ids))
             if served.shape != ref.shape:
                 return result(None, f"{served.numel()} logprobs for {ref.numel()} tokens")
             if served.numel():
@@ -220,11 +250,14 @@ class ParityProbe:
         addresses: Sequence[str],
     ) -> dict[str, ParityResult]:
         """Probe `addresses` (replicas that took `version`) and pause those that fail.
-        `state_dict` is what was published, cast as it was sent."""
-        await asyncio.to_thread(self._ensure)
-        results = await asyncio.gather(
-            *(self._one(a, clients[a], state_dict, version) for a in addresses)
-        )
+        `state_dict` is what was published, cast as it was sent.
+
+        The reference model holds one version at a time: it is loaded once, then the
+        replicas are probed at once (their reference forwards only read it), and a second
+        check waits until the first one is done with it."""
+        async with self._lock:
+            await asyncio.to_thread(self._load, state_dict)
+            results = await asyncio.gather(*(self._one(a, clients[a], version) for a in addresses))
         out: dict[str, ParityResult] = {}
         for r in results:
             out[r.replica] = r
