@@ -262,7 +262,7 @@ def no_eos_ratio(ev: Evidence) -> Check:
         advice = (
             f"{recent_mean:.0%} of completions hit max_new_tokens: raise "
             "gconfig.max_new_tokens, or filter long samples (actor.overlong_reward_penalty, "
-            "actor.mask_no_eos_with_zero, dynamic filtering)"
+            "actor.overlong_filtering, dynamic filtering)"
         )
     return Check(name, status, summary, advice, nums)
 

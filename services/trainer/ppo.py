@@ -414,6 +414,7 @@ class PPOTrainer:
                     teacher_logprobs=teacher,
                     normalizer=normalizer,
                     entropy=None if entropy is None else entropy.detach(),
+                    attention_mask=mb.attention_mask[:, :width].to(dev),
                 )
                 loss.backward()
                 loss_sum += float(loss.detach())

@@ -4,7 +4,9 @@ Two kinds arrive from the algorithm core (`services.trainer.algorithms.stats`):
 
 * scalars (0-d): means over the tokens of one call plus `n_valid_tokens`; the step's
   value is the token-weighted mean over every call on every rank. Counts add up;
-  `*_min` / `*_max` reduce with MIN / MAX.
+  `*_min` / `*_max` reduce with MIN / MAX. A ratio over another count is weighted by that
+  count (`masked_token_ratio` by `n_total_tokens`), so the step's value is the ratio of
+  the step's sums.
 * per-token tensors (AReaL's `importance_weight`, `clip_mask`, `behave_imp_weight`, ...):
   `add_loss_stats` takes a loss's stats with the table that names them
   (`ACTOR_TOKEN_STATS`, `CRITIC_TOKEN_STATS`) and keeps, per reported name, the sum and
@@ -32,7 +34,16 @@ _MAX = [n for n in _NAMES if n.endswith(("_max", "/max"))]
 _MIN_INDEX = {n: i for i, n in enumerate(_MIN)}
 _MAX_INDEX = {n: i for i, n in enumerate(_MAX)}
 # Counts add up instead of averaging.
-_SUMS = {"n_valid_tokens", "n_seqs", "correct_n_seqs", "incorrect_n_seqs"}
+_SUMS = {
+    "n_valid_tokens",
+    "n_total_tokens",
+    "n_masked_tokens",
+    "n_seqs",
+    "correct_n_seqs",
+    "incorrect_n_seqs",
+}
+# Scalars whose weight is another count of the same call rather than `n_valid_tokens`.
+_WEIGHT_BY = {"masked_token_ratio": "n_total_tokens"}
 
 
 class StatAccumulator:
@@ -61,9 +72,11 @@ class StatAccumulator:
                 if w > 0:
                     i = _MAX_INDEX[name]
                     self._max[i] = max(float(self._max[i]), v)
-            elif name in _INDEX and w > 0 and math.isfinite(v):
-                self._wsum[_INDEX[name]] += v * w
-                self._weight[_INDEX[name]] += w
+            elif name in _INDEX and math.isfinite(v):
+                wn = w if name not in _WEIGHT_BY else float(stats.get(_WEIGHT_BY[name], w))
+                if wn > 0:
+                    self._wsum[_INDEX[name]] += v * wn
+                    self._weight[_INDEX[name]] += wn
 
     def add_loss_stats(
         self,

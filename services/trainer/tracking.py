@@ -46,6 +46,9 @@ _UPDATE_STATS = (
     "behave_filtered_ratio",
 )
 
+# Scalars of the loss that AReaL exports under the same scope, without a suffix.
+_UPDATE_SCALARS = ("n_total_tokens", "n_masked_tokens", "masked_token_ratio")
+
 # Per-sequence / per-token means of the advantage pass, by Flywheel's name: AReaL's name.
 _ACTOR_MEANS = {
     "task_reward": "task_reward",
@@ -98,7 +101,8 @@ def areal_metrics(record: Mapping[str, Any]) -> dict[str, float]:
     used: set[str] = set()
     for key, value in stats.items():
         base, _, reduction = key.partition("/")
-        if base in _UPDATE_STATS and reduction in ("avg", "min", "max"):
+        per_token = base in _UPDATE_STATS and reduction in ("avg", "min", "max")
+        if per_token or (not reduction and key in _UPDATE_SCALARS):
             put(f"ppo_actor/update/{key}", value)
         elif not reduction and key in _ACTOR_MEANS:
             put(f"ppo_actor/{_ACTOR_MEANS[key]}/avg", value)

@@ -306,3 +306,20 @@ def test_teacher_log_probs_are_computed_like_the_reference(
     r2 = t.train_batch(groups)
     assert t.forward_counts["teacher"] == 2
     assert r2.stats["rkl_loss/max"] > 0.0 and "teacher" in r2.phase_seconds
+
+
+def test_step_reports_areal_token_counts(tiny_model_dir: Path, tmp_path: Path, groups) -> None:
+    # AReaL 2.0 `ppo_actor_loss_fn` (areal/utils/functional/functional.py, cbff54d) counts
+    # each packed micro-batch: n_total_tokens = its tokens (prompts included, no padding),
+    # n_valid_tokens = its loss tokens, masked_token_ratio = 1 - V / N. Over the step the
+    # counts add up to the batch's, whatever the micro-batch split and padding.
+    trajs = [tr for g in groups for tr in g.trajectories]
+    n_total = sum(tr.num_tokens for tr in trajs)
+    n_valid = sum(int(tr.loss_mask.sum()) for tr in trajs)
+    assert 0 < n_valid < n_total
+    t = _trainer(tiny_model_dir, tmp_path, "actor.ppo_n_minibatches=2", "actor.mb_spec.n_mbs=2")
+    r = t.train_batch(groups)
+    assert r.stats["n_total_tokens"] == n_total == r.n_tokens
+    assert r.stats["n_valid_tokens"] == n_valid
+    assert r.stats["n_masked_tokens"] == n_total - n_valid
+    assert r.stats["masked_token_ratio"] == pytest.approx(1 - n_valid / n_total, abs=1e-6)

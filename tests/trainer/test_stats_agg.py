@@ -85,3 +85,27 @@ def test_one_call_summary_equals_the_accumulator() -> None:
     out = acc.reduce()
     for name, value in summarize_token_stats(stats, ACTOR_TOKEN_STATS).items():
         assert out[name] == pytest.approx(float(value), rel=1e-6, abs=1e-7), name
+
+
+def test_token_counts_add_up_and_the_masked_ratio_is_the_ratio_of_the_sums() -> None:
+    # AReaL 2.0 `ppo_actor_loss_fn` per call: masked_token_ratio = 1 - V / max(N, 1).
+    # Two calls: N = 10, V = 8 (ratio 0.2) and N = 30, V = 6 (ratio 0.8). The step: N = 40,
+    # V = 14, masked 26, ratio 26/40 = 0.65 (weighting by V would give
+    # (0.2·8 + 0.8·6)/14 = 0.457; an unweighted mean 0.5).
+    acc = StatAccumulator()
+    for n, v in ((10.0, 8.0), (30.0, 6.0)):
+        acc.add(
+            {
+                "n_total_tokens": n,
+                "n_valid_tokens": v,
+                "n_masked_tokens": n - v,
+                "masked_token_ratio": 1 - v / n,
+            }
+        )
+    out = acc.reduce()
+    assert out["n_total_tokens"] == 40.0 and out["n_valid_tokens"] == 14.0
+    assert out["n_masked_tokens"] == 26.0
+    assert out["masked_token_ratio"] == pytest.approx(0.65)
+    # a call with no loss token still counts its positions: N = 5, V = 0 -> ratio 1
+    acc.add({"n_total_tokens": 5.0, "n_valid_tokens": 0.0, "masked_token_ratio": 1.0})
+    assert acc.reduce()["masked_token_ratio"] == pytest.approx(31 / 45)

@@ -48,6 +48,9 @@ RECORD: dict[str, Any] = {
         "shaped_reward": 2.0,
         "n_seqs": 8,
         "staleness_max": 1.0,
+        "n_total_tokens": 40.0,
+        "n_masked_tokens": 26.0,
+        "masked_token_ratio": 0.65,
     },
 }
 
@@ -65,6 +68,11 @@ def test_step_records_are_named_as_areal_names_them() -> None:
         "ppo_actor/no_eos_ratios/avg": 0.5,  # AReaL's seq_stats key is `no_eos_ratios`
         "ppo_actor/final_reward/avg": 2.0,  # AReaL's `final_reward` = tot_rewards
         "ppo_actor/n_seqs": 8.0,
+        # AReaL 2.0 `grpo_loss_fn`: stats_tracker.scalar(n_total_tokens=..., ...) in the
+        # ppo_actor/update scope (areal/trainer/ppo/actor.py)
+        "ppo_actor/update/n_total_tokens": 40.0,
+        "ppo_actor/update/n_masked_tokens": 26.0,
+        "ppo_actor/update/masked_token_ratio": 0.65,
         "rollout/reward": 0.25,
         "timeperf/train": 1.0,
         "timeperf/claim": 0.25,

@@ -468,7 +468,16 @@ class PPOActorConfig(TrainEngineConfig):
     `max_new_tokens` and linear (not capped) beyond, as AReaL."""
 
     mask_no_eos_with_zero: bool = False
-    """Exclude truncated completions (no EOS, from the trajectory's `no_eos` flag) from the loss."""
+    """Set the outcome reward of a truncated completion (no EOS, from the trajectory's
+    `no_eos` flag) to 0 after `reward_norm`, as AReaL's code does: the normalisation
+    statistics still include its reward, and its tokens stay in the loss with their KL
+    reward. To leave truncated completions out of training, use `overlong_filtering`."""
+
+    overlong_filtering: bool = False
+    """Flywheel: DAPO's overlong filtering: a truncated completion (no EOS) leaves
+    training: its tokens leave the actor's and the critic's loss mask, its reward is left
+    out of the `reward_norm` statistics (and reported as 0). Excludes
+    `mask_no_eos_with_zero`, which it makes redundant."""
 
     discount: float = Field(default=1.0, ge=0.0, le=1.0)
     """GAE discount γ."""
@@ -750,6 +759,14 @@ class PPOActorConfig(TrainEngineConfig):
             self.__dict__["recompute_logprob"] = True
 
     def _check_rewards_and_advantages(self) -> None:
+        if self.mask_no_eos_with_zero and self.overlong_filtering:
+            raise RuleViolation(
+                "overlong_filtering",
+                True,
+                "already removes truncated completions from training, so "
+                "mask_no_eos_with_zero (which zeroes their reward and keeps them in the loss) "
+                "would do nothing; set one of the two",
+            )
         if self.overlong_reward_penalty:
             if self.overlong_tokens is None or self.overlong_penalty_factor is None:
                 raise RuleViolation(
@@ -804,7 +821,9 @@ class PPOCriticConfig(TrainEngineConfig):
     """Value clipping: new values are kept within ±eps_clip of the old ones."""
 
     mask_no_eos_with_zero: bool = False
-    """Exclude truncated completions from the value loss."""
+    """Accepted for AReaL configs and has no effect, as in AReaL (whose critic only logs
+    it): the critic trains on the actor's loss mask, so the actor's `overlong_filtering`
+    takes truncated completions out of the value loss too."""
 
     value_loss: Literal["mse", "huber"] = "mse"
     """Flywheel: value loss, squared error (AReaL) or Huber."""

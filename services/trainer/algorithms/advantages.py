@@ -3,9 +3,11 @@
     r_i   = outcome reward of trajectory i (scalar)
     r_i  += overlong penalty                               (DAPO, optional)
     r_i   = clip((r_i + reward_bias) * reward_scaling, ±reward_clip)
-    r_i   = 0 for truncated i when mask_no_eos_with_zero   (and i leaves the loss)
+    r_i   = 0 for truncated i when overlong_filtering      (and i leaves the loss)
     r_i   = reward_norm(r_i)        (optional, batch or group; over every sequence but
-                                     the truncated ones under mask_no_eos_with_zero)
+                                     the truncated ones under overlong_filtering)
+    r_i   = 0 for truncated i when mask_no_eos_with_zero   (after reward_norm; i stays
+                                     in the loss with its KL rewards, as AReaL)
     kl_t  = -kl_ctl * clamp(KL_est(log π_old(t), log π_ref(t)), ±kl_clamp)
                                                            (k1/k2/k3, optional)
     token rewards: kl_t on every generated token, plus r_i on the last generated token
@@ -54,10 +56,10 @@ class AdvantageResult:
 
     advantages: Tensor
     returns: Tensor
-    loss_mask: Tensor  # bool; truncated sequences removed when mask_no_eos_with_zero
+    loss_mask: Tensor  # bool; truncated sequences removed when overlong_filtering
     kl_rewards: Tensor
     token_rewards: Tensor  # task reward on the last generated token + kl_rewards
-    rewards: Tensor  # [B] shaped (and normalised) scalar rewards
+    rewards: Tensor  # [B] outcome rewards on the last token: shaped, normalised, zeroed
     gae_lambda: Tensor  # [B]
     stats: dict[str, Tensor] = field(default_factory=dict)
 
@@ -84,6 +86,7 @@ def compute_advantages(
     overlong_penalty_factor: float | None = None,
     max_new_tokens: int | None = None,
     mask_no_eos_with_zero: bool = False,
+    overlong_filtering: bool = False,
     kl_ctl: float = 0.0,
     kl_estimator: str = "k1",
     kl_clamp: float | None = KL_CLAMP,
@@ -104,6 +107,11 @@ def compute_advantages(
     state after the last token, needed when `values` are given and a sequence is
     truncated). `values[t]` is V(s_t), the state in which token t is chosen.
     `process_group` all-reduces batch-level normalisation statistics across ranks.
+
+    Truncated sequences (`no_eos`): `mask_no_eos_with_zero` is AReaL's option (the outcome
+    reward set to 0 after `reward_norm`; the tokens stay in the loss with their KL
+    rewards); `overlong_filtering` removes them from training (reward 0, out of the
+    normalisation statistics and the loss mask). One of the two at most.
     """
     layout = layout_of(loss_mask, cu_seqlens)
     check_same_shape(
@@ -130,6 +138,11 @@ def compute_advantages(
         )
     if bootstrap_values is not None and values is None:
         raise ValueError("bootstrap_values were given without values (a critic)")
+    if mask_no_eos_with_zero and overlong_filtering:
+        raise ValueError(
+            "mask_no_eos_with_zero and overlong_filtering both act on truncated sequences; "
+            "overlong_filtering already removes them from training, so choose one"
+        )
 
     if layout.packed:
         cu = layout.cu_seqlens
@@ -189,6 +202,7 @@ _OPTION_NAMES = (
     "overlong_penalty_factor",
     "max_new_tokens",
     "mask_no_eos_with_zero",
+    "overlong_filtering",
     "kl_ctl",
     "kl_estimator",
     "kl_clamp",
@@ -227,6 +241,7 @@ def _compute_padded(
     overlong_penalty_factor: float | None,
     max_new_tokens: int | None,
     mask_no_eos_with_zero: bool,
+    overlong_filtering: bool,
     kl_ctl: float,
     kl_estimator: str,
     kl_clamp: float | None,
@@ -265,14 +280,18 @@ def _compute_padded(
     r = shape_rewards(
         r, reward_bias=reward_bias, reward_scaling=reward_scaling, reward_clip=reward_clip
     )
-    if mask_no_eos_with_zero:
+    if overlong_filtering:
         r = torch.where(no_eos, 0.0, r)
         mask = mask & ~no_eos.unsqueeze(1)
     seq_valid = mask.any(dim=1)
     # AReaL normalises every sequence's reward (an empty completion's too); only the
-    # truncated ones that mask_no_eos_with_zero removes from training are left out.
-    in_norm = ~no_eos if mask_no_eos_with_zero else torch.ones_like(no_eos)
+    # truncated ones that overlong_filtering removes from training are left out.
+    in_norm = ~no_eos if overlong_filtering else torch.ones_like(no_eos)
     r = normalize_with(r, reward_norm, in_norm, group_ids=group_ids, process_group=process_group)
+    if mask_no_eos_with_zero:
+        # AReaL 2.0 `PPOActor._compute_advantages`: after reward_norm, the truncated
+        # sequence's outcome reward is 0; its tokens keep the loss and the KL reward.
+        r = torch.where(no_eos, 0.0, r)
 
     # 2. Per-token rewards: KL penalty on every generated token, outcome on the last one.
     if kl_ctl > 0:

@@ -108,6 +108,7 @@ def actor_loss(
     normalizer: float | Tensor | None = None,
     entropy: Tensor | None = None,
     cu_seqlens: Tensor | None = None,
+    attention_mask: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The actor's loss on one micro-batch → (loss with grad, stats), as the trainer does it.
 
@@ -117,7 +118,9 @@ def actor_loss(
     given, else `behave_logprobs` (and it stands for π_behave too, as in AReaL: M2PO then
     masks nothing), and a `prox_logp_method` is refused. `teacher` (a
     `TeacherConfig`) supplies `rl_loss_weight` / `distill_loss_weight` for
-    `teacher_logprobs`. The stats are `ppo_actor_loss`'s plus the proximal method's.
+    `teacher_logprobs`. `attention_mask` (the micro-batch's, padded layout) makes
+    `n_total_tokens` count tokens rather than positions. The stats are `ppo_actor_loss`'s
+    plus the proximal method's.
     """
     method = prox_logp_method or actor.prox_logp_method
     extra: dict[str, Tensor] = {}
@@ -165,6 +168,7 @@ def actor_loss(
         entropy=entropy,
         versions=versions,
         current_version=current_version,
+        attention_mask=attention_mask,
         **teacher_kwargs,
         **actor_loss_kwargs(actor),
     )

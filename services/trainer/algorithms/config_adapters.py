@@ -58,6 +58,7 @@ def advantage_kwargs(actor: PPOActorConfig | Any) -> dict[str, Any]:
         "overlong_penalty_factor": actor.overlong_penalty_factor,
         "max_new_tokens": actor.max_new_tokens,
         "mask_no_eos_with_zero": actor.mask_no_eos_with_zero,
+        "overlong_filtering": getattr(actor, "overlong_filtering", False),
         "kl_ctl": actor.kl_ctl,
         "kl_estimator": actor.kl_estimator,
         "kl_clamp": getattr(actor, "kl_clamp", KL_CLAMP),

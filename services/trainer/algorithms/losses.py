@@ -73,6 +73,7 @@ def ppo_actor_loss(
     entropy: Tensor | None = None,
     versions: Tensor | None = None,
     current_version: int | None = None,
+    attention_mask: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO-family actor loss (module docstring) → (scalar loss with grad, stats).
 
@@ -80,7 +81,10 @@ def ppo_actor_loss(
     `logprobs` is π_θ (with grad); `proximal_logprobs` π_prox (or π_old without the
     decoupled loss); `behave_logprobs` π_behave (needed by the decoupled loss, rejection
     sampling and M2PO). `normalizer` is the minibatch-wide denominator (see
-    `aggregation.py`); `versions` / `current_version` only feed the staleness statistics.
+    `aggregation.py`); `versions` / `current_version` only feed the staleness statistics;
+    `attention_mask` (the positions that hold a token, prompt included) only feeds the
+    token counts: without it every position of the layout counts (right for the packed
+    layout, which has no padding).
 
     Order of operations (AReaL's `grpo_loss_fn` and `ppo_actor_loss_fn`): M2PO masks the
     call's loss tokens first; rejection sampling narrows that mask for the loss; the
@@ -99,8 +103,14 @@ def ppo_actor_loss(
     `clip_mask`, `dual_clip_mask`, `loss`, `loss_mask` — the statistics mask —, and with
     the decoupled loss `behave_imp_weight`, `behave_mask`, `behave_approx_kl`, with rejection
     sampling `filtered_fraction`; `sapo_*` gates, `entropy`, `rkl_loss` when they apply) and
-    0-d scalars (`actor_loss`, `n_valid_tokens`, M2PO, staleness). `stats.ACTOR_TOKEN_STATS`
-    says how the per-token ones are reported; `stats.summarize_token_stats` reduces them.
+    0-d scalars (`actor_loss`, M2PO, staleness, and the token counts of AReaL 2.0's
+    `ppo_actor_loss_fn`). `stats.ACTOR_TOKEN_STATS` says how the per-token ones are
+    reported; `stats.summarize_token_stats` reduces them. The token counts, with
+    N = the call's token positions (`attention_mask` count) and V = its loss tokens after
+    M2PO, before rejection sampling:
+
+        n_total_tokens = N,  n_valid_tokens = V,  n_masked_tokens = N - V,
+        masked_token_ratio = 1 - V / max(N, 1)
     """
     layout = layout_of(loss_mask, cu_seqlens)
     check_same_shape(
@@ -112,6 +122,7 @@ def ppo_actor_loss(
         entropy=entropy,
         versions=versions,
         teacher_logprobs=teacher_logprobs,
+        attention_mask=attention_mask,
     )
     # Argument checks of this public pure function: they guard direct callers (scripts,
     # notebooks, tests). Through the config the same rules fail earlier, at load
@@ -159,6 +170,8 @@ def ppo_actor_loss(
         behave_logprobs=behave_logprobs,
         teacher_logprobs=teacher_logprobs,
     )
+    if attention_mask is not None and bool((orig_mask & ~attention_mask.to(torch.bool)).any()):
+        raise ValueError("loss_mask has tokens where attention_mask is 0 (padding)")
     stats: dict[str, Tensor] = {}
     prox = proximal_logprobs.detach()
     adv = advantages.detach()
@@ -254,7 +267,7 @@ def ppo_actor_loss(
         loss=torch.where(mask, per_token.detach(), 0.0),
         loss_mask=stat_mask,
         actor_loss=scalar(loss),
-        n_valid_tokens=scalar(n_stat),
+        **token_counts(n_stat, attention_mask, orig_mask),
     )
     stats.update(out.extra)
     if entropy is not None:
@@ -265,6 +278,24 @@ def ppo_actor_loss(
         stats["staleness_avg"] = masked_mean(staleness, gen)
         stats["staleness_min"], stats["staleness_max"] = masked_min_max(staleness, gen)
     return loss, stats
+
+
+def token_counts(
+    n_valid: Tensor, attention_mask: Tensor | None, loss_mask: Tensor
+) -> dict[str, Tensor]:
+    """AReaL 2.0's token counts of one loss call (`ppo_actor_loss_fn`,
+    areal/utils/functional/functional.py): N token positions (`attention_mask`'s count,
+    else every position of `loss_mask`), V = `n_valid` loss tokens;
+    `n_masked_tokens = N - V`, `masked_token_ratio = 1 - V / max(N, 1)`."""
+    n_total = loss_mask.numel() if attention_mask is None else attention_mask.to(torch.bool).sum()
+    total = scalar(n_total, device=loss_mask.device)
+    valid = scalar(n_valid)
+    return {
+        "n_total_tokens": total,
+        "n_valid_tokens": valid,
+        "n_masked_tokens": total - valid,
+        "masked_token_ratio": 1.0 - valid / total.clamp(min=1.0),
+    }
 
 
 def _huber(x: Tensor, target: Tensor, delta: float) -> Tensor:
@@ -343,4 +374,9 @@ def critic_loss(
     return loss, stats
 
 
-__all__: list[Any] = ["critic_loss", "ppo_actor_loss", "sequence_ratio_and_advantages"]
+__all__: list[Any] = [
+    "critic_loss",
+    "ppo_actor_loss",
+    "sequence_ratio_and_advantages",
+    "token_counts",
+]

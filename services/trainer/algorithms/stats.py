@@ -48,7 +48,8 @@ STATS: dict[str, tuple[str, str]] = {
     "prompt_len": ("mean prompt tokens (needs attention_mask)", "—"),
     "overlong_penalty": ("mean DAPO overlong penalty per sequence (<= 0)", "large: too long"),
     "shaped_reward": (
-        "mean per-sequence reward after overlong penalty, bias, scaling, clip and reward_norm",
+        "mean per-sequence outcome reward after overlong penalty, bias, scaling, clip, "
+        "reward_norm and the truncation options (mask_no_eos_with_zero, overlong_filtering)",
         "—",
     ),
     "kl_rewards": (
@@ -61,6 +62,19 @@ STATS: dict[str, tuple[str, str]] = {
     "gae_lambda": ("mean GAE lambda over sequences", "—"),
     # -- actor loss (ppo_actor_loss); per-token statistics are in TOKEN_STATS --------------
     "actor_loss": ("aggregated actor loss (detached)", "—"),
+    "n_total_tokens": (
+        "token positions the actor loss saw, prompt and completion (padding excluded)",
+        "—",
+    ),
+    "n_masked_tokens": (
+        "n_total_tokens - n_valid_tokens: positions without a loss (prompt, tool output, "
+        "removed sequences, M2PO; rejection sampling is not counted)",
+        "—",
+    ),
+    "masked_token_ratio": (
+        "n_masked_tokens / n_total_tokens (1 - n_valid_tokens / max(n_total_tokens, 1))",
+        "rises: the batch is mostly prompt, or filters and M2PO remove the completions",
+    ),
     "rs_filtered_fraction": (
         "fraction of valid tokens masked (mask) or clamped (clamp) by rejection sampling",
         "high: too much stale data is thrown away",

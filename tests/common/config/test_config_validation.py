@@ -198,6 +198,12 @@ RULES = [
     ),
     (("actor.loss_agg_norm=512",), "actor.loss_agg_norm", 512.0, "seq-mean-token-sum-norm"),
     (
+        ("actor.mask_no_eos_with_zero=true", "actor.overlong_filtering=true"),
+        "actor.overlong_filtering",
+        True,
+        "set one of the two",
+    ),
+    (
         ("actor.gae_lambda_kwargs.alpha=1",),
         "actor.gae_lambda_kwargs",
         {"alpha": 1},
@@ -281,6 +287,8 @@ def test_valid_variants_of_the_rules_load() -> None:
         ("actor.gae_lambda=0.95", "actor.discount=0.99"),
         ("actor.dtype=bf16", "actor.optimizer_dtype=fp32"),
         ("actor.loss_agg_mode=seq-mean-token-sum-norm", "actor.loss_agg_norm=512"),
+        ("actor.overlong_filtering=true",),
+        ("actor.mask_no_eos_with_zero=true",),
         ("actor.kl_ctl=0.05", "ref.path=${actor.path}"),  # both the embedded tiny model
         ("actor.kl_ctl=0.05", "actor.path=/ckpt", "ref.path=/ckpt"),
         (

@@ -292,7 +292,9 @@ def test_packed_layout_equals_padded(options: dict, gen: torch.Generator) -> Non
     valid, lengths = data.pop("valid"), data.pop("lengths")
     per_token = {k: v for k, v in data.items()}
     lp_pad = per_token.pop("logprobs").clone().requires_grad_(True)
-    loss_pad, st_pad = ppo_actor_loss(lp_pad, current_version=4, **per_token, **options)
+    loss_pad, st_pad = ppo_actor_loss(
+        lp_pad, current_version=4, attention_mask=valid, **per_token, **options
+    )
     loss_pad.backward()
     packed = {k: padded_to_packed(v, lengths)[0] for k, v in per_token.items()}
     cu = padded_to_packed(per_token["loss_mask"], lengths)[1]
@@ -707,3 +709,73 @@ def test_loss_and_statistics_equal_an_areal_loop(m2: float | None, gen: torch.Ge
         assert float(rep["behave_approx_kl/avg"]) == pytest.approx(
             want["behave_approx_kl/avg"], rel=1e-5, abs=1e-6
         )
+
+
+def _count_case(**kwargs: object) -> dict[str, torch.Tensor]:
+    # Two sequences packed like one AReaL micro-batch: [p, g, g, g] and [p, p, g]
+    # (loss tokens 1, 2, 3 and 6). π_prox - π_behave = 2 on token 6, 0 elsewhere.
+    mask = torch.tensor([0, 1, 1, 1, 0, 0, 1], dtype=torch.bool)
+    prox = torch.full((7,), -1.0)
+    behave = prox - torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 2.0])
+    logp = prox.clone().requires_grad_(True)
+    _, stats = ppo_actor_loss(
+        logp,
+        prox,
+        torch.ones(7),
+        mask,
+        behave_logprobs=behave,
+        use_decoupled_loss=True,
+        cu_seqlens=torch.tensor([0, 4, 7]),
+        **kwargs,  # type: ignore[arg-type]
+    )
+    check_stat_names(stats)
+    return stats
+
+
+def _counts(stats: dict[str, torch.Tensor]) -> list[float]:
+    names = ("n_total_tokens", "n_valid_tokens", "n_masked_tokens", "masked_token_ratio")
+    return [float(stats[n]) for n in names]
+
+
+def test_token_counts_follow_areal_ppo_actor_loss_fn() -> None:
+    # AReaL 2.0 `ppo_actor_loss_fn` (areal/utils/functional/functional.py, cbff54d), on the
+    # packed micro-batch `grpo_loss_fn` hands it (prompts in, no padding):
+    #   n_total_tokens = stat_loss_mask.numel()          = 7
+    #   n_valid_tokens = stat_loss_mask.count_nonzero()  = 4
+    #   n_masked_tokens = 7 - 4 = 3 ; masked_token_ratio = 1 - 4 / max(7, 1) = 3/7
+    # where stat_loss_mask is the mask before rejection sampling.
+    plain = _count_case()
+    assert _counts(plain) == pytest.approx([7.0, 4.0, 3.0, 3 / 7], abs=1e-7)
+    # IcePop drops token 6 (π_prox/π_behave = e² = 7.39 > 5): the loss loses it, the
+    # counts do not (rejection sampling narrows loss_mask after stat_loss_mask is taken);
+    # the drop shows in rs_filtered_fraction = 1/4
+    rs = _count_case(rejection_sampling=RejectionSpec(lower=0.5, upper=5.0))
+    assert _counts(rs) == pytest.approx([7.0, 4.0, 3.0, 3 / 7], abs=1e-7)
+    assert float(rs["rs_filtered_fraction"]) == pytest.approx(0.25)
+    # M2PO runs before the loss function (`grpo_loss_fn` → `_apply_m2po_masking`): with
+    # M2 = [0, 0, 0, 4], mean 1 >= 0.5, the largest goes, [0, 0, 0] has mean 0 < 0.5:
+    # V = 3, n_masked_tokens = 4, masked_token_ratio = 1 - 3/7 = 4/7
+    m2 = _count_case(m2_threshold=0.5)
+    assert _counts(m2) == pytest.approx([7.0, 3.0, 4.0, 4 / 7], abs=1e-7)
+
+
+def test_token_counts_of_a_padded_batch_need_its_attention_mask() -> None:
+    # The same two sequences right-padded to [2, 4]: AReaL packs them (7 tokens), so the
+    # attention mask gives N = 7; without it every one of the 8 positions counts.
+    mask = torch.tensor([[0, 1, 1, 1], [0, 0, 1, 0]], dtype=torch.bool)
+    attention = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]], dtype=torch.bool)
+    prox = torch.full((2, 4), -1.0)
+    args = (prox.clone().requires_grad_(True), prox, torch.ones(2, 4), mask)
+    _, with_attention = ppo_actor_loss(*args, attention_mask=attention)
+    assert _counts(with_attention) == pytest.approx([7.0, 4.0, 3.0, 3 / 7], abs=1e-7)
+    _, positions = ppo_actor_loss(*args)
+    assert _counts(positions) == pytest.approx([8.0, 4.0, 4.0, 0.5], abs=1e-7)
+    short = attention.clone()
+    short[0, 3] = False  # a loss token outside the attention mask
+    with pytest.raises(ValueError, match="attention_mask is 0"):
+        ppo_actor_loss(*args, attention_mask=short)
+    # nothing to count: 1 - 0 / max(0, 1) = 1, no division by zero
+    empty = torch.zeros(1, 0, dtype=torch.bool)
+    z = torch.zeros(1, 0)
+    _, none = ppo_actor_loss(z.clone().requires_grad_(True), z, z, empty)
+    assert _counts(none) == [0.0, 0.0, 0.0, 1.0]
