@@ -3,10 +3,12 @@
 What fails the RPC and what fails one item is a deliberate split. The request as a whole
 is refused (a gRPC status) when the caller asked for something the service will never do:
 more items than `max_batch`, an unknown function, a negative or oversized deadline, a
-request_id reused for other content (INVALID_ARGUMENT); or when it cannot take the work
+request_id longer than the buffer's `MAX_ID_BYTES` or reused for other content
+(INVALID_ARGUMENT); or when it cannot take the work
 now (RESOURCE_EXHAUSTED with a `retry-after-ms` trailer; UNAVAILABLE while stopping).
 Everything about one completion — invalid UTF-8, too large, bad kwargs JSON (NaN and
-Infinity included: JSON has neither), a reference answer the function cannot read, a
+Infinity included: JSON has neither; lists and objects nested deeper than
+`MAX_KWARGS_DEPTH`), a reference answer the function cannot read, a
 function that raised, timed out or blew its limits — is that item's status, with a
 message, and its neighbours are scored normally. Nothing becomes a silent 0.0: the caller's
 `on_failure` policy decides what a failed item is worth.
@@ -27,6 +29,7 @@ from typing import Any
 import grpc
 
 from flywheel_proto.v1 import common_pb2, reward_pb2, reward_pb2_grpc
+from services.buffer.validate import MAX_ID_BYTES
 from services.common.config import RewardConfig
 from services.reward.cache import ScoreCache, cache_key
 from services.reward.idempotency import IdempotencyStore, RequestIdConflict
@@ -54,6 +57,10 @@ STATUS_TO_PROTO = {
 }
 POSITIONAL = frozenset({"prompt", "completions", "prompt_ids", "completion_ids", "answer"})
 RETRY_AFTER_MS = 200
+MAX_KWARGS_DEPTH = 64
+"""Deepest nesting of lists and objects in an item's `kwargs_json` (a top-level object is
+depth 1). Dataset fields are flat or nearly so; the bound keeps every later step (the cache
+key, the frame to the worker, the worker's own parse) far from Python's recursion limit."""
 
 
 class InvalidRequest(ValueError):
@@ -71,11 +78,55 @@ def _finite_float(text: str) -> float:
     return value
 
 
+class KwargsTooDeep(ValueError):
+    """`kwargs_json` nests lists and objects deeper than `MAX_KWARGS_DEPTH`."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            f"kwargs_json nests lists and objects deeper than {MAX_KWARGS_DEPTH} levels"
+        )
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether `value` nests lists and objects more than `limit` levels (no recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict):
+            children: Any = v.values()
+        elif isinstance(v, list):
+            children = v
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((c, depth + 1) for c in children)
+    return False
+
+
 def parse_kwargs_json(text: str) -> Any:
     """`json.loads`, strict: Python's parser accepts NaN, Infinity and -Infinity (and reads
     1e999 as inf), none of which is JSON; a function would receive a value no dataset
-    field can hold, so they are refused (ValueError) like any other invalid JSON."""
-    return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+    field can hold, so they are refused (ValueError) like any other invalid JSON. Nesting
+    deeper than `MAX_KWARGS_DEPTH` is `KwargsTooDeep` (a ValueError), also when it is deep
+    enough to exhaust the parser's recursion."""
+    try:
+        value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except RecursionError:
+        raise KwargsTooDeep() from None
+    if _deeper_than(value, MAX_KWARGS_DEPTH):
+        raise KwargsTooDeep()
+    return value
+
+
+def request_id_problem(request_id: str) -> str | None:
+    """Why `request_id` cannot be kept for deduplication (None: it can): ids are bounded
+    as the buffer bounds them (`MAX_ID_BYTES`), since each is held in the idempotency
+    store for up to `reward.idempotency_entries` requests."""
+    size = len(request_id.encode("utf-8", "surrogatepass"))
+    if size > MAX_ID_BYTES:
+        return f"request_id of {size} bytes is longer than {MAX_ID_BYTES} bytes"
+    return None
 
 
 @dataclass
@@ -168,6 +219,9 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
     ) -> list[reward_pb2.ScoreResult]:
         started = time.monotonic()
         try:
+            id_problem = request_id_problem(request_id)
+            if id_problem is not None:
+                raise InvalidRequest(id_problem)
             if len(items) > self.config.max_batch:
                 raise InvalidRequest(
                     f"items: {len(items)} items exceed reward.max_batch={self.config.max_batch}; "
@@ -233,6 +287,9 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
             if item.kwargs_json:
                 try:
                     fields = parse_kwargs_json(item.kwargs_json)
+                except KwargsTooDeep as exc:
+                    entry.invalid = str(exc)
+                    continue
                 except ValueError as exc:  # JSONDecodeError is one
                     entry.invalid = f"kwargs_json is not valid JSON: {exc}"
                     continue

@@ -15,7 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flywheel_proto.v1 import common_pb2, reward_pb2
+from services.buffer.validate import MAX_ID_BYTES
 from services.reward.client import RewardClient, ScoreItem
+from services.reward.servicer import MAX_KWARGS_DEPTH
 from tests.reward.conftest import RunningReward, process_identity, service_config
 
 pytestmark = pytest.mark.integration
@@ -222,6 +224,47 @@ def test_bad_kwargs_are_invalid_input_for_that_item(svc: RunningReward) -> None:
 
 
 @pytest.mark.parametrize(
+    "depth",
+    [
+        100_000,  # Python's json parser hits its recursion limit (RecursionError)
+        MAX_KWARGS_DEPTH + 1,  # parsed, but one level past the bound
+    ],
+)
+def test_deeply_nested_kwargs_are_invalid_input_for_that_item_and_counted(
+    svc: RunningReward, depth: int
+) -> None:
+    # Reference: CPython's json.loads raises RecursionError on 100k nested '[' (its C
+    # scanner recurses once per level); that used to fail the whole batch with UNKNOWN.
+    nested = '{"weight": ' + "[" * (depth - 1) + "]" * (depth - 1) + "}"
+    if depth > 10_000:
+        with pytest.raises(RecursionError):
+            json.loads(nested)
+    counted = svc.service.metrics.results.labels(fn="echo_kwargs", status="INVALID_INPUT")
+    before = counted._value.get()
+    bad = item("x", fn="echo_kwargs")
+    bad.kwargs_json = nested
+    results = batch(svc, [item("x", fn="echo_kwargs", weight=1.5), bad, item("#### 10")])
+    assert results[1].status == S.REWARD_STATUS_INVALID_INPUT
+    assert results[1].message == (
+        f"kwargs_json nests lists and objects deeper than {MAX_KWARGS_DEPTH} levels"
+    )
+    # The neighbours are scored: echo_kwargs = 1.5 * 2 + 1 = 4.0; gsm8k "#### 10" vs 10.
+    assert (results[0].status, results[0].reward) == (S.REWARD_STATUS_OK, 4.0)
+    assert (results[2].status, results[2].reward) == (S.REWARD_STATUS_OK, 1.0)
+    assert counted._value.get() == before + 1
+
+
+def test_kwargs_nested_up_to_the_bound_are_scored(svc: RunningReward) -> None:
+    # MAX_KWARGS_DEPTH levels exactly: the object plus 63 lists reach the function.
+    nested = '{"weight": 1.5, "deep": ' + "[" * (MAX_KWARGS_DEPTH - 1)
+    nested += "]" * (MAX_KWARGS_DEPTH - 1) + "}"
+    ok = item("x", fn="echo_kwargs")
+    ok.kwargs_json = nested
+    [res] = batch(svc, [ok])
+    assert (res.status, res.reward) == (S.REWARD_STATUS_OK, 4.0)
+
+
+@pytest.mark.parametrize(
     ("text", "why"),
     [
         ('{"weight": NaN}', "NaN is not a JSON value"),
@@ -311,6 +354,33 @@ def test_retry_with_the_same_request_id_is_answered_once(svc: RunningReward) -> 
         batch(svc, items[:2], request_id="retry-1")
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "already used for a different request" in err.value.details()
+
+
+def test_a_request_id_longer_than_the_buffers_bound_is_refused_and_counted(
+    svc: RunningReward,
+) -> None:
+    # Reference: the buffer's own bound on every id it keeps (services/buffer/validate.py
+    # MAX_ID_BYTES). An 8 MiB id used to be stored in the idempotency cache as it came.
+    refused = svc.service.metrics.rejected.labels(reason="invalid")
+    before = refused._value.get()
+    stored = len(svc.service.servicer._requests)
+    for rid, size in (("r" * (8 << 20), 8 << 20), ("é" * 129, 258)):  # é is 2 bytes in UTF-8
+        with pytest.raises(grpc.RpcError) as err:
+            batch(svc, [item("#### 10")], request_id=rid)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert err.value.details() == (
+            f"request_id of {size} bytes is longer than {MAX_ID_BYTES} bytes"
+        )
+        with pytest.raises(grpc.RpcError) as err:
+            svc.stub.Score(S.ScoreRequest(request_id=rid, completion=b"#### 10"), timeout=60)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused._value.get() == before + 4
+    assert len(svc.service.servicer._requests) == stored  # nothing kept for them
+    # The longest id the buffer takes is taken here too, and deduplicates.
+    longest = "é" * (MAX_ID_BYTES // 2)
+    first = batch(svc, [item("#### 10")], request_id=longest)
+    assert batch(svc, [item("#### 10")], request_id=longest) == first
+    assert first[0].reward == 1.0
 
 
 def test_cache_serves_identical_items(svc: RunningReward) -> None:
