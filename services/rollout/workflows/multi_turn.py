@@ -3,8 +3,9 @@
 Each sample is one episode. After an answer scored below `success_threshold`, a feedback
 message is appended (not trained on: loss_mask 0) and the model answers again. Every turn
 is scored, and the per-turn rewards r_0..r_{T-1} are propagated backwards with AReaL's
-`turn_discount` walk (`apply_reward_discount` in areal/experimental/openai/cache.py):
-from the last turn to the first, cur = cur * turn_discount + r_i, so turn i is worth
+`turn_discount` walk (`services.trainer.algorithms.discount_turn_rewards`, AReaL's
+`apply_reward_discount` in areal/experimental/openai/cache.py): from the last turn to the
+first, cur = cur * turn_discount + r_i, so turn i is worth
 G_i = r_i + γ r_{i+1} + ... + γ^{T-1-i} r_{T-1}. The episode's reward is G_0, the return
 seen from its first turn; all G_i are in `metadata["turn_rewards"]` (JSON). When the
 failed turns score 0 (a 0/1 reward), G_0 = γ^{T-1} r_{T-1}: AReaL's `MultiTurnWorkflow`
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
 from typing import Any
 
 from services.api import InferenceEngine
@@ -30,19 +30,9 @@ from services.rollout.workflows.base import (
     make_group,
     reward_kwargs,
 )
+from services.trainer.algorithms.turn_discount import discount_turn_rewards
 
 DEFAULT_FEEDBACK = "Your answer is either wrong or not parsable. Please try again.\n"
-
-
-def discount_turn_rewards(rewards: Sequence[float], turn_discount: float) -> list[float]:
-    """Per-turn returns G_i from per-turn rewards r_i: walk from the last turn to the first
-    with cur = cur * turn_discount + r_i (AReaL's `apply_reward_discount`)."""
-    out = [0.0] * len(rewards)
-    cur = 0.0
-    for i in range(len(rewards) - 1, -1, -1):
-        cur = cur * turn_discount + float(rewards[i])
-        out[i] = cur
-    return out
 
 
 class MultiTurnWorkflow:
