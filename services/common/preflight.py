@@ -4,9 +4,10 @@ A service started in a pod or a container exits at once on a bad configuration, 
 model, or an address it cannot bind. The check mode of every entry module runs the same
 steps without serving, so a deployment (the Helm chart's preflight in `make helm-check`,
 compose's `prepare`) finds such a pod before it is scheduled: it loads the config with the
-container's own arguments, runs the service's start-up validation, and makes sure each
-address the service would bind belongs to this machine (a wildcard, a local address, or a
-name that resolves to one). Exit 0 and one line on stdout when the service would start;
+container's own arguments, runs the service's start-up validation, builds what the service
+builds at start where that needs no model or network (the trainer's optimizer and lr
+schedule, over a stand-in parameter), and makes sure each address the service would bind
+belongs to this machine (a wildcard, a local address, or a name that resolves to one). Exit 0 and one line on stdout when the service would start;
 exit 2 and the reason on stderr when it would not.
 """
 

@@ -21,8 +21,9 @@ step) exits 0 at once, before any rank starts (see `lifecycle.py`). With
 Kubernetes Job counts an exit 0 as done, so the chart's trainer Job uses C=75 (and its pod
 failure policy ignores it) to be started again and resume from the final checkpoint.
 
-`--check` loads the config and checks the model, the rank layout and the addresses, then
-exits (0: it would start; 2: it would not); see services/common/preflight.py.
+`--check` loads the config, checks the model, the rank layout and the addresses, and builds
+each trained model's optimizer and lr schedule over a stand-in parameter, then exits (0: it
+would start; 2: it would not); see services/common/preflight.py.
 """
 
 from __future__ import annotations
@@ -99,9 +100,36 @@ def _check(cfg: object, args: argparse.Namespace) -> int:
             )
         ep = cfg.services.trainer  # type: ignore[attr-defined]
         check_bindable("services.trainer", ep.host, (ep.port, ep.metrics_port))
+        schedules = _build_schedules(cfg)
     except (PreflightError, ValueError) as err:
         return failed("trainer", err)
-    return passed("trainer", f"node {node} of {args.nnodes}, {per_node} rank(s)")
+    return passed("trainer", f"node {node} of {args.nnodes}, {per_node} rank(s), {schedules}")
+
+
+def _build_schedules(cfg: object) -> str:
+    """Build each trained model's optimizer and lr schedule as `PPOTrainer` does at start
+    (`schedule_steps`, `build_optimizer`, `build_scheduler`), over one stand-in parameter
+    instead of the model: a schedule that cannot start (a warm-up proportion without
+    `total_train_steps`, an unknown optimizer) fails here, not after the model loaded."""
+    import torch
+
+    from services.common.config import OptimizerConfig
+    from services.trainer.optim import build_optimizer, build_scheduler
+    from services.trainer.ppo import schedule_steps
+
+    engines = [("actor", cfg.actor.optimizer or OptimizerConfig(), cfg.actor.ppo_n_minibatches)]  # type: ignore[attr-defined]
+    critic = cfg.critic  # type: ignore[attr-defined]
+    if critic is not None:
+        if critic.optimizer is None:
+            raise ValueError("critic.optimizer is null: a critic must be trained")
+        engines.append(("critic", critic.optimizer, critic.ppo_n_minibatches))
+    built = []
+    for name, opt, n_minibatches in engines:
+        total = schedule_steps(cfg, n_minibatches)  # type: ignore[arg-type]
+        stand_in = torch.nn.Parameter(torch.zeros(1))
+        build_scheduler(build_optimizer([stand_in], opt), opt, total)
+        built.append(f"{name} {opt.lr_scheduler_type} lr over {total} optimizer steps")
+    return ", ".join(built)
 
 
 def _final_code(code: int, cfg: object, stopped_exit_code: int) -> int:

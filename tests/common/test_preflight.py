@@ -44,6 +44,9 @@ def test_reward_starts_with_no_config_at_all() -> None:
         # A KL penalty without `ref` stops the trainer; the reward service does not read it
         # (tests/reward/test_main.py).
         ("trainer", ("actor.path=/m", "actor.kl_ctl=0.1"), "actor.kl_ctl"),
+        # The default schedule (a warm-up proportion) has no length without total_train_steps:
+        # PPOTrainer's schedule_steps raises at start (services/trainer/ppo.py).
+        ("trainer", ("actor.path=/m",), "needs the schedule length"),
         ("buffer", ("services.buffer.host=buffer.flywheel.svc.cluster.local",), "resolve"),
     ],
 )
@@ -60,9 +63,25 @@ def test_trainer_and_rollout_pass_with_a_model_and_data(tmp_path: Path) -> None:
     data = tmp_path / "train.jsonl"
     data.write_text('{"prompt": "1+1=", "answer": "2"}\n')
     common = (f"actor.path={tmp_path}", f"train_dataset.path={data}")
-    assert check("trainer", *common).returncode == 0
+    assert check("trainer", *common, "total_train_steps=5").returncode == 0
     assert check("rollout", *common).returncode == 0
     assert check("buffer", "buffer.redis_url=redis://127.0.0.1:6379/0").returncode == 0
+
+
+def test_the_trainer_check_builds_its_optimizer_and_lr_schedule(capsys) -> None:
+    """What PPOTrainer builds at start, without the model: the schedule spans
+    total_train_steps x ppo_n_minibatches optimizer steps (`schedule_steps` in
+    services/trainer/ppo.py): 10 x 2 = 20; the critic gets its own."""
+    from services.trainer.__main__ import main
+
+    base = ["--check", "actor.path=/m"]
+    assert main(base) == 2
+    assert "needs the schedule length: set total_train_steps" in capsys.readouterr().err
+    assert main([*base, "total_train_steps=10", "actor.ppo_n_minibatches=2"]) == 0
+    assert "actor constant lr over 20 optimizer steps" in capsys.readouterr().out
+    bad = [*base, "total_train_steps=10", "actor.optimizer.lr_scheduler_type=cosine"]
+    assert main([*bad, "trainer.lr_schedule_steps=3", "actor.ppo_n_minibatches=1"]) == 0
+    assert "actor cosine lr over 3 optimizer steps" in capsys.readouterr().out
 
 
 def test_bindable_addresses() -> None:
