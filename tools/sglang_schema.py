@@ -5,8 +5,11 @@ and GPU kernels), so this reads the wheel's source with `ast` instead: the field
 annotation, default, required) of each request/response class in
 `sglang/srt/managers/io_struct.py` and `sglang/api/v1/api_types.py` (the generated JSON
 contract `/generate` is checked against), and the method and body class of each route in
-`sglang/srt/entrypoints/http_server.py`. The result, `tests/rollout/sglang_schema.json`, is
-what the stand-in server and the client tests are held to.
+`sglang/srt/entrypoints/http_server.py`, and the source of the rule `/generate` applies to
+`sampling_params` (`SamplingParams.__post_init__` and `SamplingParams.verify` in
+`sglang/srt/sampling/sampling_params.py`, with the module constants and helpers they use),
+which the stand-in runs as it is. The result, `tests/rollout/sglang_schema.json`, is what
+the stand-in server and the client tests are held to.
 
     python tools/sglang_schema.py --src DIR_OR_WHEEL            # print
     python tools/sglang_schema.py --src DIR_OR_WHEEL --write    # update the pinned file
@@ -35,6 +38,12 @@ PINNED = ROOT / "tests" / "rollout" / "sglang_schema.json"
 IO_STRUCT = "sglang/srt/managers/io_struct.py"
 API_TYPES = "sglang/api/v1/api_types.py"
 HTTP_SERVER = "sglang/srt/entrypoints/http_server.py"
+SAMPLING_PARAMS = "sglang/srt/sampling/sampling_params.py"
+# What `/generate` runs on `sampling_params` before it queues a request
+# (`tokenizer_manager.py` `_create_tokenized_object`: construct, normalize, verify);
+# `normalize` (stop strings, needing the tokenizer) is left out.
+SAMPLING_METHODS = ("__post_init__", "verify")
+SAMPLING_HELPERS = ("get_request_reasoning_end_token_ids",)
 
 IO_CLASSES = (
     "GenerateReqInput",
@@ -196,6 +205,54 @@ def _routes(tree: ast.Module) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _sampling_rule(tree: ast.Module) -> dict[str, Any]:
+    """The source of SGLang's sampling-parameter check: the class's field defaults, the
+    methods in `SAMPLING_METHODS`, the helpers they call and the module constants they
+    read (each as `ast.unparse` writes it)."""
+    cls = _classes(tree)["SamplingParams"]
+    methods = {
+        n.name: n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name in SAMPLING_METHODS
+    }
+    helpers = {
+        n.name: n
+        for n in tree.body
+        if isinstance(n, ast.FunctionDef) and n.name in SAMPLING_HELPERS
+    }
+    missing = [m for m in (*SAMPLING_METHODS, *SAMPLING_HELPERS) if m not in {**methods, **helpers}]
+    if missing:
+        raise SystemExit(f"not found in {SAMPLING_PARAMS}: {missing}")
+    defaults = {
+        node.target.id: ast.unparse(node.value)
+        for node in cls.body
+        if isinstance(node, ast.AnnAssign)
+        and isinstance(node.target, ast.Name)
+        and node.value is not None
+    }
+    used = {
+        n.id
+        for f in (*methods.values(), *helpers.values())
+        for n in ast.walk(f)
+        if isinstance(n, ast.Name)
+    } | {n.id for v in defaults.values() for n in ast.walk(ast.parse(v)) if isinstance(n, ast.Name)}
+    constants = {
+        node.targets[0].id: ast.unparse(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and len(node.targets) == 1
+        and isinstance(node.targets[0], ast.Name)
+        and node.targets[0].id in used
+        and isinstance(node.value, (ast.Constant, ast.BinOp))
+    }
+    return {
+        "module": SAMPLING_PARAMS,
+        "class": "SamplingParams",
+        "constants": constants,
+        "defaults": defaults,
+        "helpers": {name: ast.unparse(helpers[name]) for name in SAMPLING_HELPERS},
+        "methods": {name: ast.unparse(methods[name]) for name in SAMPLING_METHODS},
+    }
+
+
 def extract(src: Path) -> dict[str, Any]:
     source = Source(src)
     io_classes = _classes(ast.parse(source.read(IO_STRUCT)))
@@ -219,6 +276,7 @@ def extract(src: Path) -> dict[str, Any]:
         "requires": _requires(source.metadata()),
         "classes": classes,
         "routes": {r: routes[r] for r in ROUTES},
+        "sampling_params": _sampling_rule(ast.parse(source.read(SAMPLING_PARAMS))),
     }
 
 

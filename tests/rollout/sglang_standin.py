@@ -22,6 +22,12 @@ in two ways:
     `hold_prefill`;
   - a prompt plus `max_new_tokens` beyond the context length is HTTP 400
     (`tokenizer_manager.py` `_validate_one_request`);
+  - `sampling_params` go through SGLang's own `SamplingParams.__post_init__` and
+    `verify()` (`sampling/sampling_params.py`, their source pinned in the schema and run
+    here as it is): what they refuse (`min_new_tokens` above `max_new_tokens`, a `top_p`
+    of 0, ...) is HTTP 400 `{"error": {"message"}}` with SGLang's own message
+    (`http_server.py` `_create_error_response`), checked after the context length, as
+    `tokenizer_manager.py` orders them;
   - updates with tensor names the model does not have succeed; the unknown names are logged
     as a warning and kept in `warnings` (the model's `load_weights` skips them);
   - a weights group whose name is taken cannot be created again until
@@ -47,6 +53,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import socket
 import threading
 import time
@@ -96,6 +103,50 @@ def contract_violations(path: str, body: Any) -> list[str]:
             if k not in sp_fields
         ]
     return errors
+
+
+def _sglang_sampling_class() -> type:
+    """SGLang's `SamplingParams` as far as `/generate` checks it: the field defaults, its
+    own `__post_init__` and `verify`, and the helpers and constants they use, compiled
+    from the source pinned in the schema (the wheel's module imports msgspec and more)."""
+    rule = SCHEMA["sampling_params"]
+    # `normalize_watermark_request` is not pinned: watermarks are not something we send.
+    ns: dict[str, Any] = {"math": math, "normalize_watermark_request": lambda w: w}
+    for name, expr in rule["constants"].items():
+        ns[name] = eval(expr, ns)  # noqa: S307 - literals from the pinned wheel
+    for name, source in {**rule["helpers"], **rule["methods"]}.items():
+        # Annotations stay unevaluated: the typing names they use are not needed to run.
+        code = compile(
+            "from __future__ import annotations\n" + source,
+            f"<sglang {rule['module']}:{name}>",
+            "exec",
+        )
+        exec(code, ns)  # noqa: S102 - the wheel's own functions
+    defaults = {k: eval(v, ns) for k, v in rule["defaults"].items()}  # noqa: S307
+
+    def __init__(self: Any, **kwargs: Any) -> None:
+        unknown = sorted(kwargs.keys() - defaults.keys())
+        if unknown:  # msgspec refuses a keyword the Struct does not have
+            raise TypeError(f"Unexpected keyword argument {unknown[0]!r}")
+        for k, v in {**defaults, **kwargs}.items():
+            setattr(self, k, v)
+        self.__post_init__()
+
+    methods = {name: ns[name] for name in rule["methods"]}
+    return type(rule["class"], (), {"__init__": __init__, **methods})
+
+
+SGLANG_SAMPLING_PARAMS = _sglang_sampling_class()
+
+
+def sampling_error(sampling_params: dict[str, Any], vocab_size: int) -> str | None:
+    """What SGLang 0.5.23's `SamplingParams(**sampling_params)` and its `verify(vocab_size)`
+    refuse in a `/generate` request's `sampling_params` (None: they accept it)."""
+    try:
+        SGLANG_SAMPLING_PARAMS(**sampling_params).verify(vocab_size)
+    except (ValueError, TypeError) as exc:
+        return str(exc)
+    return None
 
 
 def _sampling(sp: dict[str, Any]) -> SamplingParams:
@@ -197,6 +248,10 @@ def build_app(standin: SGLangStandIn) -> FastAPI:
                 },
                 status_code=400,
             )
+        refused = sampling_error(sp, standin.vocab_size)
+        if refused is not None:
+            standin.refused_sampling.append(refused)
+            return JSONResponse({"error": {"message": refused}}, status_code=400)
         meta: dict[str, Any] = {
             "id": body.get("rid", ""),
             "prompt_tokens": len(prompt),
@@ -418,6 +473,9 @@ class SGLangStandIn:
         without joining it (tests of the group bookkeeping need no trainer rank 0)."""
         cfg = json.loads((self.model_dir / "config.json").read_text())
         self.context_len = context_len or int(cfg.get("max_position_embeddings", 4096))
+        self.vocab_size = int(cfg["vocab_size"])
+        self.refused_sampling: list[str] = []
+        """SGLang's messages for the `/generate` requests its `verify()` refused."""
         self.calls: list[tuple[str, dict[str, Any], int]] = []
         self.contract_errors: list[str] = []
         self.warnings: list[str] = []

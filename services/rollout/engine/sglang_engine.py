@@ -7,7 +7,8 @@ extracted from the wheel by `tools/sglang_schema.py`). Endpoints used:
   `{"output_ids", "meta_info": {"finish_reason": {"type": "stop"|"length"|"abort"},
   "output_token_logprobs": [[logprob, token_id, text], ...], "weight_version",
   "weight_versions": [{"version", "start", "end"}, ...]}}`; HTTP 400 when the prompt and
-  `max_new_tokens` exceed the context length.
+  `max_new_tokens` exceed the context length, or when `SamplingParams.verify()` refuses the
+  `sampling_params` (`min_new_tokens` above `max_new_tokens`: the client caps it).
 - `POST /pause_generation {"mode": "abort"}` (requests in flight come back aborted with their
   partial output; new ones wait inside the server), `POST /continue_generation`
 - `POST /abort_request` `{"rid": "", "abort_all": true}`
@@ -164,10 +165,16 @@ class SGLangError(RuntimeError):
 def sampling_to_sglang(
     s: SamplingParams, max_new_tokens: int, min_new_tokens: int
 ) -> dict[str, Any]:
-    """Our sampling settings in SGLang's `sampling_params` vocabulary."""
+    """Our sampling settings in SGLang's `sampling_params` vocabulary.
+
+    `min_new_tokens` is capped at `max_new_tokens`: SGLang's `SamplingParams.verify()`
+    refuses a larger one (HTTP 400 "min_new_tokens must be in [0, max_new_tokens]"), and the
+    budget of a request can be below the minimum asked for, when `max_tokens` caps it near
+    the end of the context or a resubmission after an interruption has only the rest left.
+    """
     out: dict[str, Any] = {
         "max_new_tokens": max_new_tokens,
-        "min_new_tokens": min_new_tokens,
+        "min_new_tokens": min(min_new_tokens, max_new_tokens),
         "temperature": 0.0 if s.is_greedy else s.temperature,
         "top_p": s.top_p,
         "top_k": -1 if s.top_k <= 0 else s.top_k,

@@ -19,6 +19,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 
@@ -43,10 +44,14 @@ from services.rollout.engine.sglang_engine import (
 from services.rollout.types import SamplingParams
 from tests.rollout.conftest import load_model
 from tests.rollout.engine.test_torch_engine import PROMPTS, fresh_logprobs, hf_greedy
-from tests.rollout.sglang_standin import SGLangStandIn
+from tests.rollout.sglang_standin import SCHEMA, SGLangStandIn
 from tests.rollout.test_weight_transports import free_port
 
 pytestmark = pytest.mark.integration
+
+# What SGLang 0.5.23 answers a `min_new_tokens` above `max_new_tokens` with: the message of
+# `SamplingParams.verify()` (`sglang/srt/sampling/sampling_params.py`), HTTP 400.
+MIN_OVER_MAX = "min_new_tokens must be in [0, max_new_tokens({max_new})], got {min_new}."
 
 
 @pytest.fixture
@@ -69,6 +74,26 @@ async def wait_for(pred: Callable[[], bool], what: str, limit: float = 60.0) -> 
         if time.monotonic() > deadline:
             raise AssertionError(f"never happened: {what}")
         await asyncio.sleep(0.005)
+
+
+def hold_until_paused(
+    standin: SGLangStandIn, *, after_tokens: int, step_s: float = 0.0
+) -> list[bool]:
+    """Make the stand-in's engine stop, once, after `after_tokens` tokens until the server
+    is paused (bounded at 120 s), each step taking `step_s`; the list returned holds one
+    entry from then on. The step lock is held meanwhile, so only the flag is waited for."""
+    held: list[bool] = []
+
+    def on_step(eng: object) -> None:
+        if not held and standin.engine.stats.tokens_generated >= after_tokens:
+            held.append(True)
+            deadline = time.monotonic() + 120
+            while not standin.paused and time.monotonic() < deadline:
+                time.sleep(0.002)
+        time.sleep(step_s)
+
+    standin.engine.on_step = on_step
+    return held
 
 
 @pytest.fixture
@@ -136,20 +161,9 @@ async def test_update_mid_generation_resubmits_and_tags_versions(
     tmp_path: Path,
     tiny_model_dir: Path,
 ) -> None:
-    held = []
-
-    def hold_until_paused(eng: object) -> None:
-        # Keep the request in flight until the update's pause arrives: at 3 ms a step alone,
-        # a loaded machine could finish all 60 tokens first (k = 60, nothing resubmitted).
-        # The step lock is held here, so only the flag is waited for, once, bounded.
-        if not held and standin.engine.stats.tokens_generated >= 5:
-            held.append(True)
-            deadline = time.monotonic() + 120
-            while not standin.paused and time.monotonic() < deadline:
-                time.sleep(0.002)
-        time.sleep(0.003)
-
-    standin.engine.on_step = hold_until_paused
+    # At 3 ms a step alone, a loaded machine could finish all 60 tokens before the update's
+    # pause arrives (k = 60, nothing resubmitted): hold the request in flight until it does.
+    hold_until_paused(standin, after_tokens=5, step_s=0.003)
     new = load_model(other_model_dir)
     sd = named_parameters_for_update(new)
     manifest = save_weights(tmp_path / "v1", sd, 1)  # no config.json: the client supplies it
@@ -611,6 +625,97 @@ async def test_context_overflow_is_a_clear_error(tiny_model_dir: Path, tmp_path:
         await eng.stop()
         standin.stop()
     assert standin.contract_errors == []
+
+
+@pytest.mark.parametrize(
+    ("sampling", "refusal"),
+    [
+        # Each message is the f-string of SGLang's `verify()`, filled in.
+        ({"max_new_tokens": 3, "min_new_tokens": 5}, MIN_OVER_MAX.format(max_new=3, min_new=5)),
+        ({"min_new_tokens": -1}, "min_new_tokens must be in [0, max_new_tokens], got -1."),
+        ({"top_p": 0}, "top_p must be in (0, 1], got 0."),
+        ({"max_new_tokens": 3, "min_new_tokens": 3}, None),  # the bound itself is accepted
+        ({"temperature": 0.0, "top_k": -1, "max_new_tokens": 2}, None),  # what greedy sends
+    ],
+)
+async def test_the_standin_refuses_sampling_params_as_sglangs_verify_does(
+    standin: SGLangStandIn, sampling: dict[str, object], refusal: str | None
+) -> None:
+    # The rule is SGLang's own source, pinned from the wheel (`tools/sglang_schema.py`).
+    assert "min_new_tokens <= self.max_new_tokens" in SCHEMA["sampling_params"]["methods"]["verify"]
+    async with httpx.AsyncClient(base_url=standin.url, timeout=60) as http:
+        r = await http.post(
+            "/generate", json={"input_ids": PROMPTS[0], "sampling_params": sampling}
+        )
+    if refusal is None:
+        assert r.status_code == 200, r.text
+        assert standin.refused_sampling == []
+    else:
+        assert r.status_code == 400
+        assert r.json() == {"error": {"message": refusal}}
+        assert standin.refused_sampling == [refusal]
+
+
+async def test_min_new_tokens_is_capped_at_the_budget_max_tokens_leaves(
+    sgl: SGLangEngine, standin: SGLangStandIn, tiny_model_dir: Path
+) -> None:
+    """A prompt 3 tokens short of `max_tokens` with `min_new_tokens=8`: the budget is 3, and
+    SGLang refuses `min_new_tokens` 8 against `max_new_tokens` 3, so the client sends 3."""
+    prompt = PROMPTS[1]
+    sampling = SamplingParams(
+        greedy=True, max_new_tokens=20, min_new_tokens=8, max_tokens=len(prompt) + 3
+    )
+    c = await sgl.agenerate(prompt, sampling)
+    assert c.output_ids == hf_greedy(load_model(tiny_model_dir), prompt, 3)
+    assert c.stop_reason == "length"
+    [body] = standin.bodies("/generate")
+    assert (
+        body["sampling_params"]["max_new_tokens"],
+        body["sampling_params"]["min_new_tokens"],
+    ) == (
+        3,
+        3,
+    )
+    assert standin.refused_sampling == []
+
+
+async def test_a_resubmission_caps_min_new_tokens_at_what_is_left(
+    sgl: SGLangEngine, standin: SGLangStandIn, tiny_model_dir: Path
+) -> None:
+    """Interrupted by the client's own pause after k tokens, the request is resubmitted with
+    12 - k tokens left of a budget `max_tokens` cut to 12, and `min_new_tokens` (30 asked,
+    30 - k left) capped at those 12 - k; every token arrives once."""
+    held = hold_until_paused(standin, after_tokens=4)
+    prompt = PROMPTS[2]
+    sampling = SamplingParams(
+        greedy=True, max_new_tokens=40, min_new_tokens=30, max_tokens=len(prompt) + 12
+    )
+    task = asyncio.create_task(sgl.agenerate(prompt, sampling))
+    await wait_for(lambda: bool(held) or task.done(), "4 tokens generated")
+    assert not task.done(), await task  # a refused first request would end here
+    await sgl.pause()
+    await sgl.resume()
+    c = await task
+    standin.engine.on_step = None
+    assert c.output_ids == hf_greedy(load_model(tiny_model_dir), prompt, 12)
+    first, again = standin.bodies("/generate")
+    k = len(again["input_ids"]) - len(prompt)
+    assert 4 <= k < 12 and again["input_ids"] == prompt + c.output_ids[:k]
+    assert (
+        first["sampling_params"]["max_new_tokens"],
+        first["sampling_params"]["min_new_tokens"],
+    ) == (
+        12,
+        12,
+    )
+    assert (
+        again["sampling_params"]["max_new_tokens"],
+        again["sampling_params"]["min_new_tokens"],
+    ) == (
+        12 - k,
+        12 - k,
+    )
+    assert standin.refused_sampling == []
 
 
 async def test_unknown_tensor_names_warned_and_all_unknown_refused(
