@@ -6,6 +6,13 @@ above gRPC's 4 MB default (real trajectory groups are larger), bearer tokens (on
 token, or one per caller with the methods that caller may use), TLS or mTLS from PEM files,
 and a SIGTERM path that turns health NOT_SERVING before draining so load balancers stop
 sending work first.
+
+Every refused credential is counted on the service's own registry (`AuthFailureMetrics`,
+held by each service's metrics object and handed to its `ServiceServer`):
+
+| metric | type | a bad trend means |
+| --- | --- | --- |
+| `flywheel_<service>_auth_failures_total{method,code}` | counter | any `UNAUTHENTICATED`: a caller without the run's token (a misconfigured process, or someone probing the port); any `PERMISSION_DENIED`: a token used beyond its role |
 """
 
 from __future__ import annotations
@@ -22,8 +29,10 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from prometheus_client import CollectorRegistry, Counter
 
 from services.common.config.services import TLSConfig, credentials_from_env
+from services.common.metrics import metric_name
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +110,25 @@ def message_size_options(max_message_bytes: int) -> list[tuple[str, int]]:
     ]
 
 
+class AuthFailureMetrics:
+    """`flywheel_<service>_auth_failures_total{method,code}`: calls refused for their
+    credential. `method` is the called `Service/Method` when the server has it, else
+    `unknown` (a caller cannot grow the label set with made-up names); `code` is
+    `UNAUTHENTICATED` (no token, or not one the server accepts) or `PERMISSION_DENIED`
+    (a token used beyond its role)."""
+
+    def __init__(self, service: str, registry: CollectorRegistry) -> None:
+        self.failures = Counter(
+            metric_name(service, "auth_failures", "total"),
+            "Calls refused for their credential (UNAUTHENTICATED or PERMISSION_DENIED).",
+            ["method", "code"],
+            registry=registry,
+        )
+
+    def count(self, method: str, code: grpc.StatusCode) -> None:
+        self.failures.labels(method, code.name).inc()
+
+
 class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
     """Refuses calls without `authorization: Bearer <token>` (UNAUTHENTICATED), and calls
     of methods the token's role may not use (PERMISSION_DENIED); health and reflection stay
@@ -108,9 +136,16 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
 
     `token` alone: the one shared token, allowed everything. `credentials` (`role: token`):
     each token allowed its role's methods (`ROLE_METHODS`), and `token` is not accepted.
-    Tokens are compared as sha256 digests with `hmac.compare_digest`."""
+    Tokens are compared as sha256 digests with `hmac.compare_digest`. Each refusal is
+    counted in `metrics` when given."""
 
-    def __init__(self, token: str | None = None, credentials: Mapping[str, str] | None = None):
+    def __init__(
+        self,
+        token: str | None = None,
+        credentials: Mapping[str, str] | None = None,
+        metrics: AuthFailureMetrics | None = None,
+    ):
+        self.metrics = metrics
         if credentials:
             self._table = [
                 (_digest(t), role, ROLE_METHODS[role]) for role, t in credentials.items()
@@ -166,13 +201,21 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
                 if _allows(methods, method):
                     return await continuation(handler_call_details)
                 handler = await continuation(handler_call_details)
+                self._count(method, handler, grpc.StatusCode.PERMISSION_DENIED)
                 return self._forbidden(
                     role, method, handler is not None and handler.request_streaming
                 )
         handler = await continuation(handler_call_details)
+        self._count(method, handler, grpc.StatusCode.UNAUTHENTICATED)
         if handler is not None and handler.request_streaming:
             return self._deny_stream
         return self._deny_unary
+
+    def _count(
+        self, method: str, handler: grpc.RpcMethodHandler | None, code: grpc.StatusCode
+    ) -> None:
+        if self.metrics is not None:
+            self.metrics.count(method.lstrip("/") if handler is not None else "unknown", code)
 
 
 def read_pem(path: str | None) -> bytes | None:
@@ -211,10 +254,12 @@ class ServiceServer:
         service_names: Sequence[str] = (),
         credentials: Mapping[str, str] | None = None,
         tls: TLSConfig | None = None,
+        auth_metrics: AuthFailureMetrics | None = None,
     ) -> None:
         """`credentials` and `tls` default to the environment (`FLYWHEEL_CREDENTIALS`,
         `FLYWHEEL_TLS_*`), the same defaults as `services.credentials` and `services.tls`;
-        a server given `tls` also makes it the default of this process's clients."""
+        a server given `tls` also makes it the default of this process's clients.
+        `auth_metrics`: where refused credentials are counted (the service's registry)."""
         self.name = name
         self.host = host
         self.port = port
@@ -229,7 +274,9 @@ class ServiceServer:
             grpc_client.set_default_tls(tls)
         self.tls = tls
         interceptors = (
-            [BearerTokenInterceptor(auth_token, credentials)] if (auth_token or credentials) else []
+            [BearerTokenInterceptor(auth_token, credentials, auth_metrics)]
+            if (auth_token or credentials)
+            else []
         )
         # No SO_REUSEPORT (gRPC sets it by default): a second server started on a taken port
         # would otherwise bind too and silently take half of the new connections.

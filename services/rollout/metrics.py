@@ -28,6 +28,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from services.common.grpc_server import AuthFailureMetrics
 from services.common.outage import PeerOutageMetrics
 
 _UPDATE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
@@ -111,6 +112,7 @@ class RolloutMetrics:
         )
         self.paused = Gauge("flywheel_rollout_paused", "1 while generation is paused.", registry=r)
         self.peers = PeerOutageMetrics("rollout", r)
+        self.auth = AuthFailureMetrics("rollout", r)
         self._recent_no_eos: collections.deque[bool] = collections.deque(maxlen=no_eos_window)
         self._last_tokens = 0
         self._counted_tokens = 0

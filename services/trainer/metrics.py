@@ -56,6 +56,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import Metric
 
+from services.common.grpc_server import AuthFailureMetrics
 from services.common.outage import PeerOutageMetrics
 
 P = "flywheel_trainer"
@@ -189,6 +190,7 @@ class TrainerMetrics:
         )
         self.checkpoints = Counter(f"{P}_checkpoints", "Checkpoints written.", registry=r)
         self.peers = PeerOutageMetrics("trainer", r)
+        self.auth = AuthFailureMetrics("trainer", r)
 
     def observe_step(self, record: Mapping[str, Any]) -> None:
         """Export one step's record (the same dict that goes to metrics.jsonl)."""

@@ -81,6 +81,7 @@ class TrainerService:
                 service_names=names,
                 credentials=self.cfg.services.credentials,
                 tls=self.cfg.services.tls,
+                auth_metrics=self.metrics.auth if self.metrics is not None else None,
             )
             if self.ctx.is_main:
                 trainer_pb2_grpc.add_TrainerServiceServicer_to_server(

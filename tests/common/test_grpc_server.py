@@ -412,3 +412,52 @@ def test_every_rpc_the_trainer_makes_on_a_replica_is_allowed_to_its_role() -> No
     for method in ("Generate", "UpdateWeights", "StreamWeights", "Pause", "Resume", "GetVersion"):
         assert _allows(ROLE_METHODS["trainer"], f"/{rollout}/{method}"), method
     assert not _allows(ROLE_METHODS["rollout"], f"/{rollout}/UpdateWeights")
+
+
+async def test_refused_credentials_are_counted_per_method_and_code() -> None:
+    """docs/security.md: UNAUTHENTICATED without a token the server accepts,
+    PERMISSION_DENIED for a token used beyond its role; each refusal is counted in
+    flywheel_<service>_auth_failures_total{method,code}, and a method the server does not
+    have is counted as `unknown` (a caller cannot grow the label set)."""
+    from prometheus_client import CollectorRegistry
+
+    from services.common.grpc_server import AuthFailureMetrics
+
+    registry = CollectorRegistry()
+    srv = ServiceServer(
+        "buffer",
+        credentials={"rollout": "rollout-tok", "trainer": "trainer-tok"},
+        auth_metrics=AuthFailureMetrics("buffer", registry),
+    )
+    srv.server.add_generic_rpc_handlers([_fake_buffer_handler()])
+    address = f"127.0.0.1:{await srv.start()}"
+
+    def count(method: str, code: str) -> float:
+        value = registry.get_sample_value(
+            "flywheel_buffer_auth_failures_total", {"method": method, "code": code}
+        )
+        return value or 0.0
+
+    try:
+        assert await _call(address, "Put", "rollout-tok") == grpc.StatusCode.OK
+        for token in ("wrong", None):
+            assert await _call(address, "Put", token) == grpc.StatusCode.UNAUTHENTICATED
+        assert await _call(address, "SetVersion", "rollout-tok") == (
+            grpc.StatusCode.PERMISSION_DENIED
+        )
+        assert await _call(address, "NoSuchMethod", None) == grpc.StatusCode.UNAUTHENTICATED
+        assert count("flywheel.v1.BufferService/Put", "UNAUTHENTICATED") == 2
+        assert count("flywheel.v1.BufferService/SetVersion", "PERMISSION_DENIED") == 1
+        assert count("unknown", "UNAUTHENTICATED") == 1
+        # The accepted call counted nothing; health stays open and uncounted.
+        assert count("flywheel.v1.BufferService/Put", "PERMISSION_DENIED") == 0
+        assert await _health(address) == health_pb2.HealthCheckResponse.SERVING
+        total = sum(
+            s.value
+            for m in registry.collect()
+            for s in m.samples
+            if s.name == "flywheel_buffer_auth_failures_total"
+        )
+        assert total == 4
+    finally:
+        await srv.stop(grace=0.5)
