@@ -17,7 +17,7 @@ import sys
 from services.buffer.export import export_jsonl
 from services.buffer.service import BufferParts, BufferService, redis_password, store_settings
 from services.buffer.store import RedisStore, connect
-from services.common.config import ConfigError, FlywheelConfig, load_config
+from services.common.config import ConfigError, FlywheelConfig, load_config, masked_url
 from services.common.logs import setup_logging
 from services.common.malloc_tuning import tune_for_large_messages
 from services.common.preflight import PreflightError, check_bindable, failed, passed
@@ -82,7 +82,7 @@ def _check(cfg: FlywheelConfig) -> int:
         check_bindable("services.buffer", ep.host, (ep.port, ep.metrics_port))
     except (PreflightError, ValueError) as err:
         return failed("buffer", err)
-    return passed("buffer", f"redis {cfg.buffer.redis_url or 'local'}")
+    return passed("buffer", f"redis {masked_url(cfg.buffer.redis_url or 'local')}")
 
 
 def main(argv: list[str] | None = None) -> int:

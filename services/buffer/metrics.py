@@ -29,7 +29,8 @@ backpressure refusals) uses ordinary process-local instruments.
 | `flywheel_buffer_rpc_errors_total{method,code}` | RPCs answered with an error status | any UNAVAILABLE: Redis down |
 | `flywheel_buffer_redis_errors_total` | Redis calls that failed | rising: Redis unreachable or overloaded |
 | `flywheel_buffer_redis_up` | 1 while Redis answers | 0: buffer NOT_SERVING |
-| `flywheel_buffer_refused_requests_total{method,field}` | requests refused as INVALID_ARGUMENT by the bounds on ids and versions | any: a producer with a bug, or a client probing the buffer |
+| `flywheel_buffer_redis_auth_failed` | 1 while Redis refuses the buffer's password (from the first attempt on) | 1: `buffer.redis_password` / `FLYWHEEL_REDIS_PASSWORD` (or the password in `buffer.redis_url`) is not Redis's `requirepass`; the buffer stays NOT_SERVING |
+| `flywheel_buffer_refused_requests_total{method,field}` | requests refused by the buffer's bounds: ids, versions (`SetVersion`'s jump too), counts per call, Claim's size and wait | any: a producer with a bug, or a client probing the buffer |
 | `flywheel_buffer_backpressure_total` | puts refused because the buffer was full | rising: trainer cannot keep up |
 | `flywheel_buffer_redis_lost_puts_total` | puts that Redis lost in a crash (put counter went back) | any: Redis lost its last writes |
 | `flywheel_buffer_read_cache_total{result}` | claimed groups whose bytes came from this replica's memory (hit) or Redis (miss) | many misses: `read_cache_bytes` too small, or puts go through another replica |
@@ -46,6 +47,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from services.buffer.store import DROP_REASONS, StatsSnapshot
+from services.common.grpc_server import AuthFailureMetrics
 
 P = "flywheel_buffer"
 
@@ -157,7 +159,7 @@ class BufferMetrics:
         self.redis_up = Gauge(f"{P}_redis_up", "1 while Redis answers.", registry=registry)
         self.refused = Counter(
             f"{P}_refused_requests_total",
-            "Requests refused (INVALID_ARGUMENT) by the bounds on ids and versions.",
+            "Requests refused by the bounds on ids, versions, counts, Claim size and wait.",
             ["method", "field"],
             registry=registry,
         )
@@ -193,6 +195,12 @@ class BufferMetrics:
             "Payload bytes held in this replica's read cache.",
             registry=registry,
         )
+        self.redis_auth_failed = Gauge(
+            f"{P}_redis_auth_failed",
+            "1 while Redis refuses the buffer's credentials (wrong or missing password).",
+            registry=registry,
+        )
+        self.auth = AuthFailureMetrics("buffer", registry)
 
 
 def build_metrics(registry: CollectorRegistry | None = None) -> BufferMetrics:

@@ -4,7 +4,9 @@ The health monitor is what makes Redis outages survivable without a restart: it 
 Redis (by taking the accounting snapshot the metrics need anyway); while that fails the
 service reports NOT_SERVING and RPCs answer UNAVAILABLE, and the first success turns it
 SERVING again. redis-py reconnects on its own, and Lua scripts lost by a Redis restart
-are reloaded on the NOSCRIPT answer.
+are reloaded on the NOSCRIPT answer. A Redis that refuses the buffer's password is logged
+from the first attempt on (without the password) and shown as
+`flywheel_buffer_redis_auth_failed` = 1, while the buffer stays NOT_SERVING.
 """
 
 from __future__ import annotations
@@ -16,11 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import redis.exceptions as redis_errors
+
 from services.buffer.filters import resolve_filter
 from services.buffer.metrics import BufferMetrics
 from services.buffer.replay import load_replay
 from services.buffer.servicer import BufferServicer, ServicerSettings, register
 from services.buffer.store import RedisStore, StoreSettings, connect
+from services.buffer.validate import MAX_VERSION, max_resume_version
 from services.common.aio import stop_task, wait_event
 from services.common.codec import CodecLimits
 from services.common.config import BufferConfig, FlywheelConfig, RolloutConfig
@@ -89,6 +94,7 @@ class BufferParts:
     credentials: dict[str, str] | None = None  # None: from the environment
     tls: TLSConfig | None = None  # None: from the environment
     local_redis_dir: str | None = None
+    max_resume_version: int = MAX_VERSION  # `buffer.max_resume_version`, resolved
 
     @classmethod
     def from_config(cls, cfg: FlywheelConfig) -> BufferParts:
@@ -107,6 +113,9 @@ class BufferParts:
             credentials=cfg.services.credentials,
             tls=cfg.services.tls,
             local_redis_dir=str(run_dir / "redis"),
+            max_resume_version=max_resume_version(
+                cfg.buffer.max_resume_version, cfg.total_train_steps
+            ),
         )
 
 
@@ -133,6 +142,7 @@ class BufferService:
             service_names=[SERVICE_NAME],
             credentials=parts.credentials,
             tls=parts.tls,
+            auth_metrics=self.metrics.auth,
         )
         self.http = MetricsServer(
             "buffer",
@@ -142,6 +152,7 @@ class BufferService:
             port=parts.metrics_port,
         )
         self.redis_ok = False
+        self._redis_problem: str | None = None  # the kind of failure last logged
         self._monitor: asyncio.Task[None] | None = None
         self._wake_monitor = asyncio.Event()
 
@@ -195,6 +206,7 @@ class BufferService:
                 replay=bool(self.replay_path),
                 tokenizer_path=b.tokenizer_path,
                 read_cache_bytes=b.read_cache_bytes,
+                max_resume_version=p.max_resume_version,
             ),
             group_filter=self.group_filter,
             on_redis_error=self._on_redis_error,
@@ -231,16 +243,35 @@ class BufferService:
         try:
             await self.servicer.snapshot()
         except Exception as err:  # any failure means "not usable now"
-            if self.redis_ok:
-                log.error("redis unreachable: NOT_SERVING", extra={"error": str(err)})
-            self.metrics.redis_errors.inc()
-            self._set_redis_ok(False)
+            self._redis_failed(err)
             return False
         if not self.redis_ok:
             log.info("redis reachable: SERVING")
             await self._warn_without_aof()
+        self._redis_problem = None
+        self.metrics.redis_auth_failed.set(0)
         self._set_redis_ok(True)
         return True
+
+    def _redis_failed(self, err: Exception) -> None:
+        """Count a failed check; log it when the kind of failure is new (the first check
+        included), so a Redis that refuses the buffer from the start is not silent."""
+        auth = isinstance(err, redis_errors.AuthenticationError | redis_errors.AuthorizationError)
+        problem = "auth" if auth else "unreachable"
+        if problem != self._redis_problem:
+            if auth:
+                log.error(
+                    "redis refuses the buffer's credentials: NOT_SERVING; check "
+                    "buffer.redis_password / FLYWHEEL_REDIS_PASSWORD (or the password in "
+                    "buffer.redis_url) against Redis's requirepass",
+                    extra={"error": type(err).__name__},
+                )
+            else:
+                log.error("redis unreachable: NOT_SERVING", extra={"error": str(err)})
+        self._redis_problem = problem
+        self.metrics.redis_auth_failed.set(1 if auth else 0)
+        self.metrics.redis_errors.inc()
+        self._set_redis_ok(False)
 
     async def _warn_without_aof(self) -> None:
         assert self.store is not None

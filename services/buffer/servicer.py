@@ -31,6 +31,7 @@ from services.buffer.metrics import BufferMetrics
 from services.buffer.payload_cache import PayloadCache
 from services.buffer.store import ClaimedGroup, PutItem, PutOutcome, RedisStore, StatsSnapshot
 from services.buffer.validate import (
+    MAX_VERSION,
     fast_versions,
     id_problem,
     put_version_problem,
@@ -78,6 +79,7 @@ class ServicerSettings:
     replay: bool = False
     tokenizer_path: str | None = None
     read_cache_bytes: int = 0
+    max_resume_version: int = MAX_VERSION  # see validate.max_resume_version
 
 
 def _rpc(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
@@ -126,15 +128,20 @@ def _full_reason(outcome: PutOutcome) -> str:
 
 
 def _require(ok: bool, field: str, why: str) -> None:
+    """Refuse the request (INVALID_ARGUMENT, counted) when a bound on `field` fails."""
     if not ok:
-        raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {why}")
+        raise BoundsRefusal(field, why)
 
 
 class BoundsRefusal(RpcFailure):
-    """INVALID_ARGUMENT from the bounds on ids and versions; `field` labels the metric."""
+    """A request refused by one of the buffer's bounds (ids, versions, counts per call,
+    Claim's size and wait), INVALID_ARGUMENT unless `code` says otherwise; every one is
+    counted in `flywheel_buffer_refused_requests_total{method,field}`."""
 
-    def __init__(self, field: str, why: str) -> None:
-        super().__init__(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {why}")
+    def __init__(
+        self, field: str, why: str, code: grpc.StatusCode = grpc.StatusCode.INVALID_ARGUMENT
+    ) -> None:
+        super().__init__(code, f"{field}: {why}")
         self.field = field
 
 
@@ -480,11 +487,12 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
             if out.too_big_bytes:
                 if served:
                     await self.store.unclaim([g.group_id for g in served], request.consumer_id)
-                raise RpcFailure(
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"n_groups={request.n_groups}: the next groups hold {out.too_big_bytes} "
+                raise BoundsRefusal(
+                    "n_groups",
+                    f"{request.n_groups} groups: the next groups hold {out.too_big_bytes} "
                     f"bytes, more than one reply may carry ({self.store.settings.max_reply_bytes});"
                     " claim fewer groups per call",
+                    code=grpc.StatusCode.RESOURCE_EXHAUSTED,
                 )
             if filtering:
                 try:
@@ -568,7 +576,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
     ) -> common_pb2.Version:
         _check_ids(request_id=request.request_id)
         current = await self.store.get_version()
-        why = set_version_problem(request.version, current)
+        why = set_version_problem(request.version, current, self.settings.max_resume_version)
         if why is not None:
             raise BoundsRefusal("version", why)
         ok, current = await self.store.set_version(request.version, request.request_id)

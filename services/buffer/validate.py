@@ -114,6 +114,24 @@ MAX_VERSION = (1 << 53) - 1
 """Largest version the buffer stores: Redis' Lua keeps integers exact up to 2**53 (a larger
 one, even within int64, comes back rounded or negative)."""
 
+UNBOUNDED_RUN_RESUME_VERSION = 1_000_000
+"""`buffer.max_resume_version` of a run without `total_train_steps` (it runs epochs)."""
+
+
+def max_resume_version(configured: int | None, total_train_steps: int | None) -> int:
+    """The highest version a buffer at version 0 takes in one jump (`buffer.max_resume_version`).
+
+    Unset, it is derived from the run: a trainer's version equals its step until a resume
+    finds the buffer or a replica ahead of its checkpoint (the dead trainer went on past it);
+    then the restored weights take the next unused version, so each resume adds the steps
+    its crash lost plus one. `2 * total_train_steps + 100` holds resumes that together lose
+    a whole run's worth of steps; a run longer than that sets the field explicitly."""
+    if configured is not None:
+        return min(configured, MAX_VERSION)
+    if total_train_steps is None:
+        return UNBOUNDED_RUN_RESUME_VERSION
+    return min(2 * total_train_steps + 100, MAX_VERSION)
+
 
 def id_problem(value: str, *, allow_empty: bool = False) -> str | None:
     """Why `value` cannot be an id (None: it can). Ids become parts of Redis keys and of
@@ -131,18 +149,25 @@ def id_problem(value: str, *, allow_empty: bool = False) -> str | None:
     return None
 
 
-def set_version_problem(version: int, current: int) -> str | None:
+def set_version_problem(version: int, current: int, max_resume: int = MAX_VERSION) -> str | None:
     """Why the buffer refuses to move from `current` to `version` (None: it may).
 
     The version moves at most one step ahead: each optimizer step sets the next one, and a
     resumed trainer sets the checkpoint's version or one past the highest it finds. The one
     exception is a buffer still at version 0 (new, or its Redis was replaced): a trainer
-    resuming from a checkpoint onto it establishes its version in one jump. A lower version
-    is not refused here (that is the store's FAILED_PRECONDITION)."""
+    resuming from a checkpoint onto it establishes its version in one jump, up to
+    `max_resume` (see `max_resume_version`). A lower version is not refused here (that is
+    the store's FAILED_PRECONDITION)."""
     if version < 0:
         return f"must be >= 0, got {version}"
     if version > MAX_VERSION:
         return f"{version} is above the largest storable version {MAX_VERSION}"
+    if current == 0 and version > max_resume:
+        return (
+            f"{version} is above buffer.max_resume_version={max_resume}, the most a buffer at "
+            "version 0 takes in one jump (a resuming trainer's checkpoint version); set "
+            "buffer.max_resume_version to the checkpoint's version to resume a longer run"
+        )
     if current > 0 and version > current + 1:
         return (
             f"{version} is more than one step ahead of the current version {current}: "

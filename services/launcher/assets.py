@@ -16,7 +16,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import yaml
 
@@ -216,15 +216,18 @@ def token_digest(token: str) -> str:
 
 
 def url_without_password(url: str | None) -> tuple[str | None, str | None]:
-    """`redis://user:pw@host/0` -> (`redis://user@host/0`, `pw`); a URL without one stays."""
+    """`redis://user:pw@host/0` -> (`redis://user@host/0`, `pw`); a URL without one stays.
+    The password comes back decoded (`the%20password` -> `the password`), as Redis clients
+    decode it from a URL: it is sent to Redis as it is."""
     if not url:
         return url, None
     parts = urlsplit(url)
     if parts.password is None:
         return url, None
     host = parts.netloc.rpartition("@")[2]
-    netloc = f"{parts.username}@{host}" if parts.username else host
-    return urlunsplit(parts._replace(netloc=netloc)), parts.password
+    user = parts.netloc.rpartition("@")[0].partition(":")[0]  # as written (still encoded)
+    netloc = f"{user}@{host}" if user else host
+    return urlunsplit(parts._replace(netloc=netloc)), unquote(parts.password)
 
 
 @dataclass(frozen=True)

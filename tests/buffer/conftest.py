@@ -52,6 +52,7 @@ async def make_buffer(redis_server: RedisServer, tmp_path: Any) -> AsyncIterator
         rollout: dict[str, Any] | None = None,
         auth_token: str | None = None,
         client_kw: dict[str, Any] | None = None,
+        parts: dict[str, Any] | None = None,
     ) -> tuple[BufferService, BufferClient]:
         bcfg = BufferConfig(**{"redis_url": redis_server.url, "claim_poll_ms": 5, **(buffer or {})})
         rcfg = RolloutConfig(
@@ -64,6 +65,7 @@ async def make_buffer(redis_server: RedisServer, tmp_path: Any) -> AsyncIterator
                 prefix=PREFIX,
                 export_dir=str(tmp_path / "exports"),
                 auth_token=auth_token,
+                **(parts or {}),
             )
         )
         await service.start()

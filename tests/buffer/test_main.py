@@ -27,3 +27,13 @@ def test_a_bad_config_exits_2_naming_the_field(
     cfg.write_text("actor: {kl_ctl: 0.0}\nbuffer: {max_stored_groups: 0}\n")
     assert main(["--config", str(cfg)]) == 2
     assert "buffer.max_stored_groups" in capsys.readouterr().err
+
+
+def test_check_masks_a_password_inside_the_redis_url(capsys: pytest.CaptureFixture) -> None:
+    # docs/security.md: credentials are masked in dumps; `--check` printed the URL whole.
+    url = "redis://default:url-pw-5ecret@127.0.0.1:1/0"
+    code = main(["--check", f"buffer.redis_url={url}", "services.buffer.port=0"])
+    out = capsys.readouterr()
+    assert code == 0, out
+    assert "5ecret" not in out.out + out.err
+    assert "redis://default:***@127.0.0.1:1/0" in out.out + out.err

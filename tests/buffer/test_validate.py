@@ -8,6 +8,7 @@ import unicodedata
 from collections.abc import Callable
 
 import grpc
+import httpx
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -15,8 +16,8 @@ from hypothesis import strategies as st
 
 from flywheel_proto.v1 import buffer_pb2, buffer_pb2_grpc, common_pb2
 from services.buffer.client import BufferClient
-from services.buffer.service import BufferService
-from services.buffer.validate import fast_versions, id_problem
+from services.buffer.service import BufferParts, BufferService
+from services.buffer.validate import MAX_VERSION, fast_versions, id_problem, max_resume_version
 from services.common.codec import (
     CodecError,
     CodecLimits,
@@ -24,6 +25,7 @@ from services.common.codec import (
     group_from_proto,
     group_to_proto,
 )
+from services.common.config import load_config
 from services.common.grpc_client import make_sync_channel
 
 from .conftest import BufferFactory
@@ -367,3 +369,103 @@ def test_id_rule_over_every_code_point() -> None:
     assert id_problem("x" * 256) is None and id_problem("é" * 128) is None
     assert id_problem("x" * 257) is not None and id_problem("é" * 129) is not None
     assert id_problem("", allow_empty=True) is None and id_problem("") is not None
+
+
+def test_the_resume_bound_comes_from_the_run() -> None:
+    # Explicit wins (capped at what Redis stores); else 2 * total_train_steps + 100; a run of
+    # epochs (no total_train_steps) gets a million.
+    assert max_resume_version(500, 10) == 500
+    assert max_resume_version(2**60, None) == MAX_VERSION
+    assert max_resume_version(None, 10) == 120
+    assert max_resume_version(None, None) == 1_000_000
+    cfg = load_config(None, ["total_train_steps=40"])
+    assert BufferParts.from_config(cfg).max_resume_version == 180
+    cfg = load_config(None, ["total_train_steps=40", "buffer.max_resume_version=7"])
+    assert BufferParts.from_config(cfg).max_resume_version == 7
+
+
+@pytest.mark.integration
+async def test_a_fresh_buffer_takes_a_resumed_trainers_version_and_no_more(
+    make_buffer: BufferFactory,
+) -> None:
+    # docs/security.md, "moving the version out of reach": SetVersion(2**53 - 1) on a buffer
+    # at version 0 used to be accepted, and then no version could ever follow. A run of
+    # total_train_steps = 10 with save_freq_steps = 5 (services/trainer/loop.py
+    # `_resume_version`): crash at step 9 (version 9) after the checkpoint of step 5 ->
+    # resumed at step 5 as version 10 -> steps 6..10 give versions 11..15 -> checkpoint of
+    # step 10 holds version 15. A trainer resuming from it onto a new Redis sets 15:
+    # within the bound 2 * 10 + 100 = 120, which a resume of this run cannot pass.
+    cfg = load_config(None, ["total_train_steps=10"])
+    bound = BufferParts.from_config(cfg).max_resume_version
+    assert bound == 120
+    service, client = await make_buffer(parts={"max_resume_version": bound})
+    stub = _stub(client)
+    for version in (MAX_VERSION, 2**40, bound + 1):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.SetVersion(buffer_pb2.SetVersionRequest(version=version))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "buffer.max_resume_version=120" in err.value.details()
+    assert await client.get_version() == 0
+    assert _refused(service, "SetVersion", "version") == 3
+    assert await client.set_version(15) == 15  # the resumed trainer of the example
+    assert await client.set_version(16) == 16  # and its next step
+    assert _refused(service, "SetVersion", "version") == 3
+
+
+@pytest.mark.integration
+async def test_the_largest_resumable_version_is_taken(make_buffer: BufferFactory) -> None:
+    _, client = await make_buffer(parts={"max_resume_version": 120})
+    assert await client.set_version(120) == 120
+    assert await client.set_version(121) == 121  # past version 0: one step at a time
+
+
+@pytest.mark.integration
+async def test_claim_size_and_wait_refusals_are_counted(make_buffer: BufferFactory) -> None:
+    # docs/security.md: "Every refusal of the buffer's bounds is counted". Claim's n_groups
+    # and wait_ms bounds were answered INVALID_ARGUMENT without being counted, as was a
+    # claim whose groups do not fit in one reply (RESOURCE_EXHAUSTED).
+    # max_message_bytes 1 MiB + 2,000: one reply may carry 2,000 bytes, less than a group.
+    service, client = await make_buffer(parts={"max_message_bytes": (1 << 20) + 2000})
+    stub = _stub(client)
+    for req, field in [
+        (buffer_pb2.ClaimRequest(consumer_id="t", n_groups=0), "n_groups"),
+        (buffer_pb2.ClaimRequest(consumer_id="t", n_groups=100_001), "n_groups"),
+        (buffer_pb2.ClaimRequest(consumer_id="t", n_groups=1, wait_ms=-5), "wait_ms"),
+        (buffer_pb2.ClaimRequest(consumer_id="t", n_groups=1, wait_ms=600_001), "wait_ms"),
+    ]:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.Claim(req)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert err.value.details().startswith(field)
+    assert _refused(service, "Claim", "n_groups") == 2
+    assert _refused(service, "Claim", "wait_ms") == 2
+    group = group_to_proto(make_group("big", gen_len=200))
+    assert group.ByteSize() > 2000
+    assert await _put_code(client, group) == grpc.StatusCode.OK
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.Claim(buffer_pb2.ClaimRequest(consumer_id="t", n_groups=1))
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "claim fewer groups per call" in err.value.details()
+    assert _refused(service, "Claim", "n_groups") == 3
+    s = await client.stats()
+    assert (s.pending, s.in_flight) == (1, 0)  # the refused claim took nothing
+
+
+@pytest.mark.integration
+async def test_refused_tokens_are_counted_on_the_buffers_metrics(
+    make_buffer: BufferFactory,
+) -> None:
+    service, client = await make_buffer(auth_token="s3cret")
+    assert await client.get_version() == 0
+    async with grpc.aio.insecure_channel(service.address) as ch:
+        for _ in range(2):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await buffer_pb2_grpc.BufferServiceStub(ch).GetVersion(common_pb2.Empty())
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    async with httpx.AsyncClient() as http:
+        text = (await http.get(f"http://127.0.0.1:{service.metrics_port}/metrics")).text
+    line = (
+        'flywheel_buffer_auth_failures_total{code="UNAUTHENTICATED",'
+        'method="flywheel.v1.BufferService/GetVersion"} 2.0'
+    )
+    assert line in text

@@ -10,7 +10,7 @@ reference model is a surprisal bonus, not a KL penalty). A KL penalty (`kl_ctl >
 a `ref` with a path, and is rejected at load without one.
 """
 
-from ._base import FlywheelModel, RuleViolation
+from ._base import FlywheelModel, RuleViolation, masked_url
 from .actor import (
     FSDPEngineConfig,
     FSDPWrapPolicy,
@@ -52,6 +52,7 @@ __all__ = [
     "apply_override",
     "load_config",
     "load_raw",
+    "masked_url",
     "parse_value",
     "resolve_interpolations",
     "to_yaml",

@@ -10,6 +10,7 @@ full dotted path.
 from __future__ import annotations
 
 from typing import Any, ClassVar
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict
 
@@ -44,7 +45,26 @@ SECRET: dict[str, Any] = {"secret": True}
 """`json_schema_extra` of a field that holds a credential: `redact_secrets` masks it in every
 dump (`to_yaml`, `--dry-run`, logs)."""
 
+SECRET_IN_URL: dict[str, Any] = {"secret_in_url": True}
+"""`json_schema_extra` of a URL field that may carry a password (`redis://:pw@host/0`):
+`redact_secrets` masks the password and keeps the rest of the URL."""
+
 REDACTED = "***"
+
+
+def masked_url(url: str) -> str:
+    """`url` with the password of its user info replaced by `REDACTED`
+    (`redis://user:pw@host:6379/0` -> `redis://user:***@host:6379/0`); a URL without a
+    password, or a string that is no URL, comes back unchanged."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:  # not a URL (an unbalanced `[`, a bad port): nothing to mask
+        return url
+    if password is None:
+        return url
+    user, _, host = parts.netloc.rpartition("@")
+    return urlunsplit(parts._replace(netloc=f"{user.partition(':')[0]}:{REDACTED}@{host}"))
 
 
 def redact_secrets(model: BaseModel, data: Any) -> Any:
@@ -56,6 +76,10 @@ def redact_secrets(model: BaseModel, data: Any) -> Any:
         if name not in data:
             continue
         extra = info.json_schema_extra
+        if isinstance(extra, dict) and extra.get("secret_in_url"):
+            if isinstance(data[name], str):
+                data[name] = masked_url(data[name])
+            continue
         if isinstance(extra, dict) and extra.get("secret"):
             value = data[name]
             if isinstance(value, dict):

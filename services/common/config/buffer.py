@@ -6,15 +6,16 @@ from typing import Literal
 
 from pydantic import Field
 
-from ._base import SECRET, FlywheelModel
+from ._base import SECRET, SECRET_IN_URL, FlywheelModel
 
 
 class BufferConfig(FlywheelModel):
     """Trajectory storage in Redis; staleness admission uses `rollout.max_head_offpolicyness`."""
 
-    redis_url: str | None = None
+    redis_url: str | None = Field(default=None, json_schema_extra=SECRET_IN_URL)
     """`redis://host:port/db`; null means the launcher starts a local `redis-server`
-    (AOF on) and fills this in."""
+    (AOF on) and fills this in. A password in it (`redis://:pw@host:port/db`,
+    percent-encoded) is masked in every dump."""
 
     redis_password: str | None = Field(default=None, json_schema_extra=SECRET)
     """Redis password; null reads `FLYWHEEL_REDIS_PASSWORD` from the environment, if set."""
@@ -79,6 +80,16 @@ class BufferConfig(FlywheelModel):
     replay_path: str | None = None
     """A JSONL file written by Export: the buffer serves exactly these groups to the
     trainer (train-only debugging run) and refuses puts; null is normal operation."""
+
+    max_resume_version: int | None = Field(default=None, ge=1)
+    """Highest version a buffer still at version 0 accepts from `SetVersion`: a trainer
+    resuming from a checkpoint onto a new or emptied Redis sets the checkpoint's version
+    in one jump (past version 0 the version moves one step at a time). null: twice
+    `total_train_steps` plus 100 (a resumed trainer's version passes its step only by the
+    steps its crashes lost, plus one per resume), or 1,000,000 when `total_train_steps` is
+    null. Set it to a checkpoint's version to resume a run beyond that; a larger jump is
+    refused (INVALID_ARGUMENT, counted), since a version out of the trainer's reach makes
+    every group stale for good."""
 
     health_check_interval_s: float = Field(default=0.5, gt=0.0)
     """How often Redis is pinged; while it does not answer the buffer reports

@@ -44,3 +44,28 @@ def test_tls_needs_cert_and_key_and_mtls_a_ca() -> None:
                 "services.tls.require_client_cert=true",
             ],
         )
+
+
+@pytest.mark.parametrize(
+    ("url", "masked"),
+    [
+        ("redis://:the%20pw-5ecret@10.0.0.7:6380/2", "redis://:***@10.0.0.7:6380/2"),
+        ("rediss://default:pw-5ecret@[::1]:6379/0", "rediss://default:***@[::1]:6379/0"),
+        ("redis://10.0.0.7:6380/2", "redis://10.0.0.7:6380/2"),  # nothing to mask
+    ],
+)
+def test_a_password_inside_the_redis_url_is_masked_like_redis_password(
+    url: str, masked: str, capsys: pytest.CaptureFixture
+) -> None:
+    # `flywheel run --dry-run` printed buffer.redis_url with its password in clear.
+    from services import cli
+
+    cfg = load_config(None, [f"buffer.redis_url={url}"])
+    assert f"redis_url: {masked}" in to_yaml(cfg)
+    assert cfg.buffer.redis_url == url  # only the dump is masked
+    assert f"redis_url: {url}" in to_yaml(cfg, redact=False)
+    code = cli.main(
+        ["run", "--config", "examples/grpo.yaml", f"buffer.redis_url={url}", "--dry-run"]
+    )
+    out = capsys.readouterr().out
+    assert code == 0 and "5ecret" not in out and f"redis_url: {masked}" in out
