@@ -58,6 +58,14 @@ def build_engine(cfg: Any, replica_index: int = 0) -> InferenceEngine:
     return SGLangEngine.from_config(cfg, replica_index=replica_index, tokenizer_path=tokenizer_path)
 
 
+def weights_root(cfg: Any) -> Path:
+    """Where this replica loads disk updates from: `trainer.weight_dir`, or the trainer's
+    default for it, `<cluster.fileroot>/<experiment>/<trial>/weights`."""
+    if cfg.trainer.weight_dir:
+        return Path(cfg.trainer.weight_dir)
+    return Path(cfg.cluster.fileroot) / cfg.experiment_name / cfg.trial_name / "weights"
+
+
 def newest_published_weights(weight_dir: str | None) -> Path | None:
     """The directory under `weight_dir` (or itself) whose manifest has the highest version."""
     if not weight_dir:
@@ -96,6 +104,7 @@ class RolloutService:
             service_names=[SERVICE_NAME],
             credentials=cfg.services.credentials,
             tls=cfg.services.tls,
+            auth_metrics=self.metrics.auth,
         )
         self.loop: Any = None
         self.servicer: RolloutServicer | None = None
@@ -123,6 +132,7 @@ class RolloutService:
             loop=self.loop,
             set_serving=self._set_serving,
             max_weight_bytes=self.cfg.rollout.max_weight_bytes,
+            weights_root=weights_root(self.cfg),
         )
         rollout_pb2_grpc.add_RolloutServiceServicer_to_server(self.servicer, self.server.server)
         self.port = await self.server.start()

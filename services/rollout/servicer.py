@@ -3,6 +3,8 @@
 Bad input becomes INVALID_ARGUMENT; a weight update that cannot be applied is *not* an RPC
 error but `ok=false` with the reason (the old weights keep serving, the caller decides).
 Weight updates are deduplicated on `request_id`, so a retried disk update applies once.
+A disk update loads only from the replica's weights root (`weights_root`, the trainer's
+`weight_dir`); any other path gets the one answer `disk.PATH_REFUSED`.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -17,7 +20,11 @@ from typing import Any
 import grpc
 
 from flywheel_proto.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
-from services.common.weights.disk import check_weights_dir
+from services.common.weights.disk import (
+    WeightsPathRefused,
+    check_weights_dir,
+    weights_dir_in_root,
+)
 from services.common.weights.grpc_stream import WeightAssembler
 from services.common.weights.manifest import (
     DEFAULT_MAX_WEIGHT_BYTES,
@@ -52,13 +59,17 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         set_serving: Callable[[bool], None] = lambda serving: None,
         max_weight_bytes: int = DEFAULT_MAX_WEIGHT_BYTES,
         dedup_entries: int = 256,
+        weights_root: str | os.PathLike[str] | None = None,
     ) -> None:
+        """`weights_root`: the only directory disk updates are loaded from (None: every
+        disk update is refused)."""
         self.engine = engine
         self.rollout_id = rollout_id
         self.metrics = metrics
         self.loop = loop
         self.set_serving = set_serving
         self.max_weight_bytes = max_weight_bytes
+        self.weights_root = weights_root
         self._done: collections.OrderedDict[str, UpdateResult] = collections.OrderedDict()
         self._pending: dict[str, asyncio.Future[UpdateResult]] = {}
         self._dedup_entries = dedup_entries
@@ -160,12 +171,12 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             if not request.path:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "path is required for disk")
             try:  # the directory's own manifest and files are what gets loaded
-                await asyncio.to_thread(check_weights_dir, request.path, self.max_weight_bytes)
+                path = await asyncio.to_thread(self._disk_path, request.path)
             except (WeightsError, OSError) as exc:
                 return self._refused_update("disk", exc, time.perf_counter())
 
             async def run() -> UpdateResult:
-                return await self.engine.update_weights_from_disk(request.path, manifest)
+                return await self.engine.update_weights_from_disk(str(path), manifest)
 
         else:
             if manifest is None or not request.specs:
@@ -210,6 +221,20 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
 
         result = await self._dedup(assembler.request_id, lambda: self._updating("grpc", run))
         return result.to_proto()
+
+    def _disk_path(self, requested: str) -> str:
+        """The real path of a disk update's directory, checked inside the weights root and
+        against `max_weight_bytes`; `WeightsPathRefused` (one message for every reason,
+        the reason itself only in this replica's log) or `WeightsError`."""
+        try:
+            if self.weights_root is None:
+                raise WeightsPathRefused("this replica has no weights root")
+            path = weights_dir_in_root(self.weights_root, requested)
+        except WeightsPathRefused as exc:
+            log.warning("disk weight update refused", extra={"reason": exc.reason})
+            raise
+        check_weights_dir(path, self.max_weight_bytes)
+        return str(path)
 
     def _refused_update(self, transport: str, exc: Exception, t0: float) -> Any:
         """An update refused before it reached the engine: ok=false with the reason."""

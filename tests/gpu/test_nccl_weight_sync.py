@@ -62,6 +62,7 @@ def gpu_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
         f"gconfig.temperature={TEMPERATURE}",
         f"actor.temperature={TEMPERATURE}",
         "rollout.weight_update_timeout=120",
+        f"trainer.weight_dir={root}",  # the replica's weights root: publications go under it
     )
     path = write_config(cfg, root / "rollout.yaml")
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")

@@ -43,14 +43,19 @@ async def engine(tiny_model_dir: Path) -> AsyncIterator[TorchEngine]:  # noqa: F
 
 @pytest.fixture
 async def served(
-    engine: TorchEngine,
+    engine: TorchEngine, tmp_path: Path
 ) -> AsyncIterator[tuple[TorchEngine, RolloutClient, RolloutMetrics]]:
+    """A replica on loopback whose weights root is the test's `tmp_path`."""
     from flywheel_proto.v1 import rollout_pb2_grpc
 
     metrics = RolloutMetrics()
     server = ServiceServer("rollout", service_names=["flywheel.v1.RolloutService"])
     servicer = RolloutServicer(
-        engine, rollout_id="rollout-0", metrics=metrics, set_serving=server.set_serving
+        engine,
+        rollout_id="rollout-0",
+        metrics=metrics,
+        set_serving=server.set_serving,
+        weights_root=tmp_path,
     )
     rollout_pb2_grpc.add_RolloutServiceServicer_to_server(servicer, server.server)
     port = await server.start()

@@ -30,3 +30,18 @@ def test_a_replica_behind_is_not_ready_until_it_catches_up() -> None:
     svc._set_serving(False)
     svc._on_behind(False)
     assert not svc.ready() and health[-1] is False
+
+
+def test_the_weights_root_is_where_the_trainer_publishes(tmp_path) -> None:  # noqa: ANN001
+    # The trainer publishes under its RunPaths.weight_dir (services/trainer/paths.py):
+    # trainer.weight_dir, else <fileroot>/<experiment>/<trial>/weights. A replica loads disk
+    # updates from that directory only, so both must name the same one.
+    from services.common.config import load_config
+    from services.rollout.service import weights_root
+    from services.trainer.paths import RunPaths
+
+    base = [f"cluster.fileroot={tmp_path}", "experiment_name=e", "trial_name=t"]
+    for extra in ([], [f"trainer.weight_dir={tmp_path / 'shared' / 'w'}"]):
+        cfg = load_config(None, [*base, *extra])
+        assert weights_root(cfg) == RunPaths.from_config(cfg).weight_dir
+    assert weights_root(load_config(None, base)) == tmp_path / "e" / "t" / "weights"

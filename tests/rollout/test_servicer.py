@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import grpc
 import pytest
 import torch
 
 from flywheel_proto.v1 import rollout_pb2
+from services.common.weights.disk import MANIFEST_FILE, PATH_REFUSED, save_weights
 from services.rollout.types import SamplingParams
 from tests.rollout.conftest import load_model
 
@@ -63,7 +66,7 @@ async def test_bad_requests_get_invalid_argument(served) -> None:  # noqa: ANN00
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     # A disk update of a directory that is not there is refused, not an RPC error.
     r = await client.update_weights("disk", _manifest(), path="/nonexistent/weights")
-    assert not r.ok and "does not exist" in r.message
+    assert not r.ok and r.message == f"disk: {PATH_REFUSED}"
 
 
 def _manifest():  # noqa: ANN202
@@ -103,7 +106,11 @@ async def test_every_weight_transport_is_capped(engine, tmp_path) -> None:  # no
     cap = 1 << 20
     server = ServiceServer("rollout", service_names=["flywheel.v1.RolloutService"])
     servicer = RolloutServicer(
-        engine, rollout_id="r", metrics=RolloutMetrics(), max_weight_bytes=cap
+        engine,
+        rollout_id="r",
+        metrics=RolloutMetrics(),
+        max_weight_bytes=cap,
+        weights_root=tmp_path,
     )
     rollout_pb2_grpc.add_RolloutServiceServicer_to_server(servicer, server.server)
     client = RolloutClient(f"127.0.0.1:{await server.start()}", timeout=30)
@@ -127,6 +134,74 @@ async def test_every_weight_transport_is_capped(engine, tmp_path) -> None:  # no
         r = await client.update_weights_from_disk(str(tmp_path / "v1"), on_disk)
         assert not r.ok and "exceeds the limit" in r.message
         assert engine.version == 0 and engine.stats.weight_updates == 0
+    finally:
+        await client.close()
+        await server.stop(grace=1)
+
+
+async def test_disk_updates_load_only_from_the_weights_root(served, tmp_path) -> None:  # noqa: ANN001
+    """docs/security.md: a disk update reads only the weights root (trainer.weight_dir).
+    A directory elsewhere (one in /tmp was loaded), a manifest naming /etc/hostname four
+    levels up (it was opened), a link out of the root, a path that does not
+    exist: all get the same answer, so the messages no longer tell which paths exist. What
+    is inside the root still applies."""
+    import json
+    import tempfile
+
+    engine, client, metrics = served
+    sd = {"w": torch.arange(16, dtype=torch.float32)}
+    outside = Path(tempfile.mkdtemp(prefix="flywheel-outside-"))
+    try:
+        elsewhere = save_weights(outside / "v1", sd, 1)
+        inside = save_weights(tmp_path / "v1", sd, 1)
+        escaping = tmp_path / "v2"
+        save_weights(escaping, sd, 2)
+        manifest = json.loads((escaping / MANIFEST_FILE).read_text())
+        manifest["files"] = ["/".join([".."] * 4 + ["etc", "hostname"])]
+        (escaping / MANIFEST_FILE).write_text(json.dumps(manifest))
+        (tmp_path / "link").symlink_to(outside / "v1")
+        attempts = [
+            (str(outside / "v1"), elsewhere),  # a complete weights directory, elsewhere
+            (str(tmp_path / ".." / outside.name / "v1"), elsewhere),  # climbing out
+            (str(tmp_path / "link"), elsewhere),  # a link inside the root to outside it
+            (str(escaping), inside),  # a manifest naming a file outside its directory
+            ("/etc", inside),  # exists, outside
+            ("/nonexistent/weights", inside),  # does not exist
+            (str(tmp_path / "missing"), inside),  # inside the root, does not exist
+        ]
+        for path, m in attempts:
+            r = await client.update_weights_from_disk(path, m)
+            assert (r.ok, r.message) == (False, f"disk: {PATH_REFUSED}"), path
+        assert (await client.stats()).last_update_error == f"disk: {PATH_REFUSED}"
+        assert engine.version == 0 and engine.stats.weight_updates == 0
+        failed = metrics.registry.get_sample_value(
+            "flywheel_rollout_weight_updates_total", {"transport": "disk", "result": "failed"}
+        )
+        assert failed == len(attempts)
+    finally:
+        import shutil
+
+        shutil.rmtree(outside, ignore_errors=True)
+
+
+async def test_a_replica_without_a_weights_root_refuses_every_disk_update(
+    engine,
+    tmp_path,  # noqa: ANN001
+) -> None:
+    from flywheel_proto.v1 import rollout_pb2_grpc
+    from services.common.grpc_server import ServiceServer
+    from services.rollout.client import RolloutClient
+    from services.rollout.metrics import RolloutMetrics
+    from services.rollout.servicer import RolloutServicer
+
+    server = ServiceServer("rollout", service_names=["flywheel.v1.RolloutService"])
+    servicer = RolloutServicer(engine, rollout_id="r", metrics=RolloutMetrics())
+    rollout_pb2_grpc.add_RolloutServiceServicer_to_server(servicer, server.server)
+    client = RolloutClient(f"127.0.0.1:{await server.start()}", timeout=30)
+    try:
+        m = save_weights(tmp_path / "v1", {"w": torch.zeros(4)}, 1)
+        r = await client.update_weights_from_disk(str(tmp_path / "v1"), m)
+        assert (r.ok, r.message) == (False, f"disk: {PATH_REFUSED}")
     finally:
         await client.close()
         await server.stop(grace=1)

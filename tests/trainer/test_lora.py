@@ -286,6 +286,7 @@ def test_disk_push_leaves_the_replica_on_the_merged_weights(
         f"services.rollout.metrics_port={free_port()}",
         "trainer.weight_transport=disk",
         "rollout.weight_update_timeout=60",
+        f"trainer.weight_dir={tmp_path / 'weights'}",  # the replica's weights root
     )
     trainer = PPOTrainer(cfg)
     trainer.train_batch(synthetic_groups(tiny_model_dir, n_groups=2, seed=1))

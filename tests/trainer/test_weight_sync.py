@@ -57,6 +57,8 @@ def setup(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         f"gconfig.temperature={TEMPERATURE}",
         f"actor.temperature={TEMPERATURE}",
         "rollout.weight_update_timeout=60",
+        # The replica loads disk updates from here only: the tests publish into folders of it.
+        f"trainer.weight_dir={root}",
     )
     with running_replica(cfg, root) as address:
         io = IOLoop("test-wsync")

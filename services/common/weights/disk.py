@@ -4,6 +4,12 @@ A trainer that shares a volume with its replicas (and an SGLang server, which lo
 directory by path) publishes an update as files. The manifest is written last and
 atomically, so a reader sees a complete update or none; the reader verifies it against the
 manifest the update request carries before any tensor is used.
+
+A replica loads only from its weights root (the trainer's `weight_dir`): the directory an
+update names, and every file its manifest names, must resolve (symbolic links followed)
+inside it. Anything else is refused with one message, `PATH_REFUSED`, whatever the reason
+(outside the root, missing, not a directory, no manifest, a file name that climbs out of
+the directory), so a caller learns nothing about which paths exist on the replica.
 """
 
 from __future__ import annotations
@@ -25,6 +31,59 @@ from services.common.weights.manifest import (
 )
 
 MANIFEST_FILE = "flywheel_weights.json"
+
+PATH_REFUSED = (
+    "path refused: not a complete weights directory inside this replica's weights root "
+    "(trainer.weight_dir)"
+)
+"""The one answer to a disk update whose path cannot be loaded, whatever the reason."""
+
+
+class WeightsPathRefused(WeightsError):
+    """A disk update's path is outside the weights root or not a weights directory there;
+    the message is always `PATH_REFUSED`, and `reason` (for the replica's own log) says
+    which."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(PATH_REFUSED)
+        self.reason = reason
+
+
+def weights_dir_in_root(root: str | os.PathLike[str], path: str | os.PathLike[str]) -> Path:
+    """The real path of the weights directory `path` (relative paths are taken from `root`),
+    after checking that it and every file its manifest names resolve inside `root`; raises
+    `WeightsPathRefused` otherwise. Nothing outside `root` is opened: only its path is
+    resolved."""
+    real_root = Path(root).resolve()
+    try:
+        target = (real_root / path).resolve()
+    except (OSError, RuntimeError, ValueError) as exc:  # a loop of links, a NUL byte
+        raise WeightsPathRefused(f"cannot resolve: {exc}") from None
+    if not target.is_relative_to(real_root):
+        raise WeightsPathRefused(f"{target} is outside {real_root}")
+    try:
+        if not target.is_dir():
+            raise WeightsPathRefused(f"{target} is not a directory")
+        if not (target / MANIFEST_FILE).resolve().is_relative_to(target):
+            raise WeightsPathRefused(f"{target}'s manifest links out of it")
+        manifest = read_manifest(target)
+        for name in manifest.files:
+            _check_file_name(name)
+        named = [target / n for n in manifest.files] or sorted(target.glob("*.safetensors"))
+        for f in named:
+            if not (f.resolve().is_relative_to(target) and f.is_file()):
+                raise WeightsPathRefused(f"{f}, named in {target}'s manifest, is not in it")
+    except WeightsPathRefused:
+        raise
+    except (WeightsError, OSError, ValueError, TypeError, RuntimeError) as exc:
+        raise WeightsPathRefused(f"{target}: {exc}") from None
+    return target
+
+
+def _check_file_name(name: str) -> None:
+    """A file a manifest names is a plain name in the manifest's directory."""
+    if not isinstance(name, str) or name in ("", ".", "..") or Path(name).name != name:
+        raise WeightsError(f"the manifest names {str(name)[:64]!r}: not a file of its directory")
 
 
 def save_weights(
@@ -121,6 +180,8 @@ def weights_files(
                 f"{directory} holds version {manifest.version}, the request expects "
                 f"{expected.version}"
             )
+    for name in manifest.files:
+        _check_file_name(name)
     files = [directory / f for f in manifest.files] or sorted(directory.glob("*.safetensors"))
     for f in files:
         if not f.is_file():
@@ -166,6 +227,8 @@ def check_weights_dir(directory: str | os.PathLike[str], max_bytes: int) -> Weig
         raise WeightsError(f"weights directory {directory} does not exist")
     manifest = read_manifest(directory)
     check_update_size(manifest, None, max_bytes)
+    for name in manifest.files:
+        _check_file_name(name)
     files = [directory / f for f in manifest.files] or sorted(directory.glob("*.safetensors"))
     on_disk = sum(f.stat().st_size for f in files if f.is_file())
     # safetensors adds a JSON header per file: allow it, not a second model.

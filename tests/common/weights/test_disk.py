@@ -8,9 +8,12 @@ import pytest
 
 from services.common.weights.disk import (
     MANIFEST_FILE,
+    PATH_REFUSED,
+    WeightsPathRefused,
     check_weights_dir,
     load_weights,
     save_weights,
+    weights_dir_in_root,
 )
 from services.common.weights.manifest import WeightManifest, WeightsError, make_manifest
 from tests.common.weights.samples import assert_bit_identical, sample_tensors
@@ -85,3 +88,67 @@ def test_check_weights_dir_bounds_the_directory_before_reading(tmp_path: Path) -
     assert check_weights_dir(tmp_path / "v1", 106).version == 1
     with pytest.raises(WeightsError, match="exceeds the limit"):
         check_weights_dir(tmp_path / "v1", 105)
+
+
+HOSTNAME_FROM_A_DEPTH_OF_4 = "/".join([".."] * 4 + ["etc", "hostname"])
+"""The manifest entry of the report: four levels up, then /etc/hostname."""
+
+
+def _rename_files(directory: Path, files: list) -> None:  # noqa: ANN001
+    import json
+
+    manifest = json.loads((directory / MANIFEST_FILE).read_text())
+    manifest["files"] = files
+    (directory / MANIFEST_FILE).write_text(json.dumps(manifest))
+
+
+def test_weights_dirs_resolve_inside_the_root_or_are_refused_alike(tmp_path: Path) -> None:
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    save_weights(root / "v1", sample_tensors(), 1)
+    save_weights(outside / "v1", sample_tensors(), 1)
+    assert weights_dir_in_root(root, root / "v1") == (root / "v1").resolve()
+    assert weights_dir_in_root(root, "v1") == (root / "v1").resolve()  # relative: from root
+    (root / "alias").symlink_to(root / "v1")  # a link that stays inside is followed
+    assert weights_dir_in_root(root, root / "alias") == (root / "v1").resolve()
+    (root / "out").symlink_to(outside / "v1")
+    climbing = "/".join(["v1", "..", "..", "outside", "v1"])  # v1, up twice, into outside
+    for bad in [climbing, str(outside / "v1"), "out", "missing", "/etc", "a\x00b"]:
+        with pytest.raises(WeightsPathRefused) as err:
+            weights_dir_in_root(root, bad)
+        assert str(err.value) == PATH_REFUSED and err.value.reason
+
+
+@pytest.mark.parametrize(
+    "files",
+    [[HOSTNAME_FROM_A_DEPTH_OF_4], ["/etc/hostname"], [".."], ["sub/model.safetensors"], [7]],
+)
+def test_a_manifest_naming_files_outside_its_directory_is_refused(
+    tmp_path: Path, files: list
+) -> None:
+    # The manifest is data the replica reads: its file names are plain names of files in
+    # its own directory, never paths (the disk transport's reader never leaves it).
+    save_weights(tmp_path / "v1", sample_tensors(), 1)
+    _rename_files(tmp_path / "v1", files)
+    with pytest.raises(WeightsPathRefused) as err:
+        weights_dir_in_root(tmp_path, tmp_path / "v1")
+    assert str(err.value) == PATH_REFUSED
+    with pytest.raises(WeightsError):
+        load_weights(tmp_path / "v1")
+    with pytest.raises(WeightsError):
+        check_weights_dir(tmp_path / "v1", 1 << 30)
+
+
+def test_a_manifest_or_shard_linked_out_of_its_directory_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    save_weights(root / "v1", sample_tensors(), 1)
+    save_weights(tmp_path / "elsewhere", sample_tensors(), 1)
+    shard = root / "v1" / "model.safetensors"
+    shard.unlink()
+    shard.symlink_to(tmp_path / "elsewhere" / "model.safetensors")
+    with pytest.raises(WeightsPathRefused):
+        weights_dir_in_root(root, root / "v1")
+    save_weights(root / "v2", sample_tensors(), 2)
+    (root / "v2" / MANIFEST_FILE).unlink()
+    (root / "v2" / MANIFEST_FILE).symlink_to(tmp_path / "elsewhere" / MANIFEST_FILE)
+    with pytest.raises(WeightsPathRefused):
+        weights_dir_in_root(root, root / "v2")
