@@ -50,13 +50,13 @@ class WeightsPathRefused(WeightsError):
 
 
 def weights_dir_in_root(root: str | os.PathLike[str], path: str | os.PathLike[str]) -> Path:
-    """The real path of the weights directory `path` (relative paths are taken from `root`),
-    after checking that it and every file its manifest names resolve inside `root`; raises
-    `WeightsPathRefused` otherwise. Nothing outside `root` is opened: only its path is
-    resolved."""
+    """The real path of the weights directory `path` (a relative one is taken from the
+    working directory, as the trainer that sent it wrote it), after checking that it and
+    every file its manifest names resolve inside `root`; raises `WeightsPathRefused`
+    otherwise. Nothing outside `root` is opened: only its path is resolved."""
     real_root = Path(root).resolve()
     try:
-        target = (real_root / path).resolve()
+        target = Path(path).resolve()
     except (OSError, RuntimeError, ValueError) as exc:  # a loop of links, a NUL byte
         raise WeightsPathRefused(f"cannot resolve: {exc}") from None
     if not target.is_relative_to(real_root):

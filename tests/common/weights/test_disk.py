@@ -102,17 +102,21 @@ def _rename_files(directory: Path, files: list) -> None:  # noqa: ANN001
     (directory / MANIFEST_FILE).write_text(json.dumps(manifest))
 
 
-def test_weights_dirs_resolve_inside_the_root_or_are_refused_alike(tmp_path: Path) -> None:
+def test_weights_dirs_resolve_inside_the_root_or_are_refused_alike(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     root, outside = tmp_path / "root", tmp_path / "outside"
     save_weights(root / "v1", sample_tensors(), 1)
     save_weights(outside / "v1", sample_tensors(), 1)
     assert weights_dir_in_root(root, root / "v1") == (root / "v1").resolve()
-    assert weights_dir_in_root(root, "v1") == (root / "v1").resolve()  # relative: from root
+    # A relative path is the trainer's, from the working directory both processes share.
+    monkeypatch.chdir(tmp_path)
+    assert weights_dir_in_root("root", "root/v1") == (root / "v1").resolve()
     (root / "alias").symlink_to(root / "v1")  # a link that stays inside is followed
     assert weights_dir_in_root(root, root / "alias") == (root / "v1").resolve()
     (root / "out").symlink_to(outside / "v1")
-    climbing = "/".join(["v1", "..", "..", "outside", "v1"])  # v1, up twice, into outside
-    for bad in [climbing, str(outside / "v1"), "out", "missing", "/etc", "a\x00b"]:
+    climbing = "/".join(["root", "v1", "..", "..", "outside", "v1"])  # up twice, into outside
+    for bad in [climbing, str(outside / "v1"), "root/out", "root/missing", "/etc", "a\x00b"]:
         with pytest.raises(WeightsPathRefused) as err:
             weights_dir_in_root(root, bad)
         assert str(err.value) == PATH_REFUSED and err.value.reason
