@@ -14,11 +14,15 @@ every pod (each rollout replica and trainer node by its index; autoscaled worklo
 their maximum) it loads the ConfigMap's `flywheel.yaml` with the project's own loader and
 that container's args and environment expanded as the kubelet expands them (`$(VAR)`,
 fieldRefs, secrets), and runs the service's entry module with `--check` (config, start-up
-validation, model, rank layout, bindable addresses). A pod that would exit at start is a
-finding. What it cannot see: the files on the shared volume and the cluster's DNS.
+validation, model, rank layout, bindable addresses, and what the process builds at start
+without a model: the trainer's optimizer and lr schedule). A pod that would exit at start
+is a finding. What it cannot see: the files on the shared volume and the cluster's DNS.
+Last, the chart's copy of the demo's configuration (`files/demo.yaml`, what a release
+without `config.actor.path` trains) must be `examples/demo.yaml` itself.
 
     python tools/helm_check.py                 # check everything, exit 1 on a finding
     python tools/helm_check.py --write-readme  # regenerate the README parameters table
+    python tools/helm_check.py --write-demo    # copy examples/demo.yaml into the chart
 
 The functions are also what `tests/deploy/test_helm_chart.py` and the Kubernetes
 launcher's tests use (the launcher deploys this chart, rendered with its own values).
@@ -477,6 +481,17 @@ def readme_is_current() -> bool:
     return readme_with_table(text, params_table()) == text
 
 
+# --- the demo's configuration -----------------------------------------------------------
+
+DEMO = ROOT / "examples" / "demo.yaml"
+CHART_DEMO = CHART / "files" / "demo.yaml"
+"""The chart's copy of examples/demo.yaml: a chart reads only its own files."""
+
+
+def demo_is_current() -> bool:
+    return CHART_DEMO.read_text() == DEMO.read_text()
+
+
 # --- the check ------------------------------------------------------------------------
 
 
@@ -503,16 +518,27 @@ def check_all(verbose: bool = True) -> list[str]:
         problems.append(
             "README.md parameters table is stale: run tools/helm_check.py --write-readme"
         )
+    if not demo_is_current():
+        problems.append(
+            "files/demo.yaml differs from examples/demo.yaml: run tools/helm_check.py --write-demo"
+        )
     return problems
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--write-readme", action="store_true", help="regenerate the README table")
+    parser.add_argument(
+        "--write-demo", action="store_true", help="copy examples/demo.yaml into the chart"
+    )
     args = parser.parse_args(argv)
-    if args.write_readme:
-        README.write_text(readme_with_table(README.read_text(), params_table()))
-        print(f"wrote {README.relative_to(ROOT)}")
+    if args.write_readme or args.write_demo:
+        if args.write_readme:
+            README.write_text(readme_with_table(README.read_text(), params_table()))
+            print(f"wrote {README.relative_to(ROOT)}")
+        if args.write_demo:
+            CHART_DEMO.write_text(DEMO.read_text())
+            print(f"wrote {CHART_DEMO.relative_to(ROOT)}")
         return 0
     problems = check_all()
     for p in problems:

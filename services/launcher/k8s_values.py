@@ -72,10 +72,11 @@ def role_tokens(cfg: FlywheelConfig, admin: str | None = None) -> dict[str, str]
 def chart_config(cfg: FlywheelConfig) -> dict[str, Any]:
     """The chart's `config` value: `cfg` without what the chart derives for the cluster
     (service addresses, `cluster.fileroot`, the rendezvous address, the in-release Redis
-    URL, SGLang's loopback URL), since the user's keys win over the derived ones, and
-    without secrets, which the services read from the environment the chart fills from
-    its Secrets (`FLYWHEEL_TOKEN`, `FLYWHEEL_CREDENTIALS`, `FLYWHEEL_REDIS_PASSWORD`,
-    `FLYWHEEL_TLS_*`)."""
+    URL, SGLang's loopback URL), which the chart refuses in `config` unless equal to its
+    own, and without secrets, which the services read from the environment the chart
+    fills from its Secrets (`FLYWHEEL_TOKEN`, `FLYWHEEL_CREDENTIALS`,
+    `FLYWHEEL_REDIS_PASSWORD`, `FLYWHEEL_TLS_*`). The ranks, replicas, backend and weight
+    transport it keeps agree with the values `chart_values` sets."""
     data = cfg.model_dump(mode="json")
     services = data["services"]
     for key in ("auth_token", "credentials", "tls", "buffer", "reward", "rollout", "trainer"):

@@ -216,12 +216,39 @@ def test_redis_has_aof_a_volume_a_password_and_only_the_buffer_reaches_it(render
     }
 
 
-def test_rendered_config_loads_and_points_at_the_chart_objects(rendered):
-    from services.common.config import FlywheelConfig
+def chart_config(objects: list[dict[str, Any]], tmp_path: Path, shared: Path | None = None):
+    """The ConfigMap's flywheel.yaml loaded by the services' own loader (`load_config`:
+    interpolation, validation), the shared volume's mount path moved to `shared`."""
+    from services.common.config import load_config
 
-    cm = one(rendered["default"], "ConfigMap", "flywheel-config")
-    data = yaml.safe_load(cm["data"]["flywheel.yaml"])
-    cfg = FlywheelConfig.model_validate(data)  # the defaults load as they are (no kl_ctl fix)
+    text = one(objects, "ConfigMap", "flywheel-config")["data"]["flywheel.yaml"]
+    if shared is not None:
+        text = text.replace("/data/shared", str(shared))
+    path = tmp_path / "flywheel.yaml"
+    path.write_text(text)
+    return load_config(str(path))
+
+
+def kubernetes_pod_labels(job: dict[str, Any], index: int) -> dict[str, str]:
+    """The labels Kubernetes gives pod `index` of an Indexed Job: the template's, plus
+    `batch.kubernetes.io/job-name` (1.27+) and `batch.kubernetes.io/job-completion-index`
+    (1.28+, PodIndexLabel), per the Job documentation."""
+    return {
+        **job["spec"]["template"]["metadata"]["labels"],
+        "batch.kubernetes.io/job-name": job["metadata"]["name"],
+        "job-name": job["metadata"]["name"],
+        "batch.kubernetes.io/job-completion-index": str(index),
+    }
+
+
+def selects(service: dict[str, Any], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in service["spec"]["selector"].items())
+
+
+def test_rendered_config_loads_and_points_at_the_chart_objects(rendered, tmp_path):
+    objects = rendered["default"]
+    data = yaml.safe_load(one(objects, "ConfigMap", "flywheel-config")["data"]["flywheel.yaml"])
+    cfg = chart_config(objects, tmp_path)
     domain = "flywheel.svc.cluster.local"
     assert cfg.buffer.redis_url == f"redis://flywheel-redis.{domain}:6379/0"
     assert cfg.services.buffer.address == f"flywheel-buffer.{domain}:50051"
@@ -229,8 +256,22 @@ def test_rendered_config_loads_and_points_at_the_chart_objects(rendered):
         cfg.services.rollout.replica_address(3)
         == f"flywheel-rollout-3.flywheel-rollout-headless.{domain}:50051"
     )
-    job = trainer_job(rendered["default"])["metadata"]["name"]
-    assert cfg.trainer.master_addr == f"{job}-0.flywheel-trainer-headless.{domain}"
+    # rank 0 (rendezvous and gRPC) by a Service whose name has no revision in it, selecting
+    # pod 0 of the current Job and no other pod
+    assert cfg.trainer.master_addr == f"flywheel-trainer-0.{domain}"
+    assert cfg.services.trainer.address == f"flywheel-trainer-0.{domain}:50051"
+    rank0 = one(objects, "Service", "flywheel-trainer-0")
+    assert rank0["spec"]["clusterIP"] == "None" and rank0["spec"]["publishNotReadyAddresses"]
+    assert {p["name"]: p["port"] for p in rank0["spec"]["ports"]}["rendezvous"] == (
+        cfg.trainer.master_port
+    )
+    job = trainer_job(objects)
+    assert selects(rank0, kubernetes_pod_labels(job, 0))
+    assert not selects(rank0, kubernetes_pod_labels(job, 1))
+    old = {**job, "metadata": {**job["metadata"], "name": "flywheel-trainer-000000"}}
+    assert not selects(rank0, kubernetes_pod_labels(old, 0))  # a replaced Job's pod 0
+    rollout = one(objects, "StatefulSet", "flywheel-rollout")["spec"]["template"]
+    assert not selects(rank0, rollout["metadata"]["labels"])
     assert "auth_token" not in data["services"] and data["buffer"].get("redis_password") is None
 
 
@@ -428,10 +469,12 @@ def test_no_model_fails_at_render_or_the_demo_is_prepared(rendered):
     [prepare] = [o for o in find(objects, "Job") if "-prepare-" in o["metadata"]["name"]]
     args = containers(prepare)[0]["args"]
     marker = args[args.index("--out") + 1]
-    assert marker == "/data/shared/flywheel/trial0/prepared.yaml"
+    # the run directory of examples/demo.yaml (experiment demo, trial latest) on the volume
+    assert marker == "/data/shared/demo/latest/prepared.yaml"
     data = yaml.safe_load(one(objects, "ConfigMap", "flywheel-config")["data"]["flywheel.yaml"])
-    assert data["actor"]["path"] == "/data/shared/flywheel/trial0/model/sft"  # warm-started
-    assert data["train_dataset"]["path"] == "/data/shared/flywheel/trial0/data/train.jsonl"
+    assert data["actor"]["path"] == "/data/shared/demo/latest/model/sft"  # warm-started
+    assert data["train_dataset"]["path"] == "/data/shared/demo/latest/data/train.jsonl"
+    assert data["valid_dataset"]["path"] == "/data/shared/demo/latest/data/valid.jsonl"
     for pod in (trainer_job(objects), one(objects, "StatefulSet", "flywheel-rollout")):
         [wait] = pod["spec"]["template"]["spec"]["initContainers"]
         assert wait["command"][-1] == marker
@@ -525,7 +568,8 @@ def test_the_prepare_job_writes_what_the_config_map_names(rendered, tmp_path):
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     data = yaml.safe_load(text)
-    for path in (data["actor"]["path"], data["tokenizer_path"], data["train_dataset"]["path"]):
+    paths = (data["actor"]["path"], data["tokenizer_path"], data["train_dataset"]["path"])
+    for path in (*paths, data["valid_dataset"]["path"]):
         assert Path(path.replace("/data/shared", str(shared))).exists(), path
     marker = args[args.index("--out") + 1]
     assert Path(marker).is_file()
@@ -566,6 +610,175 @@ def test_the_trainer_pod_of_a_completed_run_exits_0_at_once(helm_check, tmp_path
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "run already completed at step 5" in result.stdout + result.stderr
+
+
+# --- the chart run as Kubernetes runs it: a default install trains ---------------------
+
+OWNED = (
+    "cluster",
+    "services",
+    "buffer.redis_url",
+    "trainer.master_addr",
+    "trainer.master_port",
+    "trainer.weight_dir",
+    "trainer.device",
+    "actor.path",
+    "tokenizer_path",
+    "train_dataset.path",
+    "valid_dataset.path",
+)
+"""What the chart derives for the cluster; everything else is the run's configuration."""
+
+
+def without_owned(data: dict[str, Any]) -> dict[str, Any]:
+    data = copy.deepcopy(data)
+    for dotted in OWNED:
+        *parents, last = dotted.split(".")
+        node = data
+        for key in parents:
+            node = node.get(key) or {}
+        node.pop(last, None)
+    return data
+
+
+def test_the_chart_demo_is_examples_demo(helm_check, rendered, tmp_path):
+    """Without a model the chart trains examples/demo.yaml, the demo `make run` trains:
+    the same algorithm, batch, samples and length, loaded by the services' own loader.
+    Before: the embedded defaults (one sample per prompt, batch 1, no total_train_steps)."""
+    from services.common.config import load_config
+
+    assert helm_check.demo_is_current(), "run python tools/helm_check.py --write-demo"
+    demo = load_config(str(ROOT / "examples" / "demo.yaml"))
+    cfg = chart_config(rendered["default"], tmp_path)
+    assert without_owned(cfg.model_dump(mode="json")) == without_owned(demo.model_dump(mode="json"))
+    assert (cfg.gconfig.n_samples, cfg.rollout.consumer_batch_size) == (8, 64)
+    assert cfg.total_train_steps == demo.total_train_steps == 275
+    # ci values on top of the demo keep the rest of it (cpu-small: its own run name, eta 2)
+    small = chart_config(rendered["cpu-small-values.yaml"], tmp_path)
+    assert (small.experiment_name, small.trial_name) == ("demo", "k8s")
+    assert small.gconfig.n_samples == 8 and small.actor.optimizer.lr_scheduler_type == "cosine"
+    # a user's false, 0 and null win over the demo's values (Sprig's mergeOverwrite would
+    # keep the demo's): a synchronous run without the warm start and the held-out set
+    values = {
+        "config": {
+            "rollout": {"max_head_offpolicyness": 0},
+            "launcher": {"warm_start": {"enabled": False}},
+            "valid_dataset": None,
+        }
+    }
+    sync = chart_config(helm_check.render(values), tmp_path)
+    assert sync.rollout.max_head_offpolicyness == 0 and sync.valid_dataset is None
+    assert sync.launcher.warm_start.enabled is False
+    assert sync.actor.path == "/data/shared/demo/latest/model/base"  # not warm-started
+
+
+def test_a_run_without_a_schedule_length_is_caught_offline(helm_check):
+    """Your own model and no total_train_steps: the trainer's default lr schedule (a
+    warm-up proportion) cannot be built (PPOTrainer's schedule_steps raises), so the
+    trainer pod would exit at start. The preflight builds the schedule and says so, for
+    the trainer pod only. Before: every values file passed and the Job failed on the
+    cluster."""
+    values = {
+        "config": {
+            "actor": {"path": "/data/shared/models/m"},
+            "train_dataset": {"path": "/data/shared/data/train.jsonl"},
+        }
+    }
+    [problem] = helm_check.preflight(helm_check.render(values))
+    assert "(trainer)" in problem and "exits 2" in problem
+    assert "needs the schedule length: set total_train_steps" in problem
+    values["config"]["total_train_steps"] = 100
+    assert helm_check.preflight(helm_check.render(values)) == []
+
+
+def test_a_restarted_rollout_replica_finds_the_published_weights(helm_check, rendered, tmp_path):
+    """The trainer publishes under its run directory on the shared volume; a rollout pod
+    that restarts mid-run loads the newest version from `trainer.weight_dir` (the rollout
+    service's catch-up) before serving. Both paths come from the same ConfigMap, on the
+    volume both pods mount. Before: weight_dir unset, the replica found nothing and stayed
+    at version 0."""
+    import torch
+
+    from services.common.weights.disk import save_weights
+    from services.rollout.service import newest_published_weights
+    from services.trainer.paths import RunPaths
+    from services.trainer.weight_sync import version_dir
+
+    objects = rendered["default"]
+    shared = tmp_path / "shared"
+    cfg = chart_config(objects, tmp_path, shared)
+    published = RunPaths.from_config(cfg).weight_dir  # where the trainer writes
+    for version in (2, 3):
+        save_weights(version_dir(published, version), {"w": torch.ones(2) * version}, version)
+    found = newest_published_weights(cfg.trainer.weight_dir)  # what a restarted replica reads
+    assert found is not None and found.resolve() == version_dir(published, 3).resolve()
+    assert str(published).startswith(str(shared) + "/")
+    for obj in (trainer_job(objects), one(objects, "StatefulSet", "flywheel-rollout")):
+        mounts = {m["mountPath"] for m in containers(obj)[0]["volumeMounts"]}
+        assert "/data/shared" in mounts, obj["metadata"]["name"]
+    # every values file: on the shared volume
+    for case, objs in rendered.items():
+        data = yaml.safe_load(one(objs, "ConfigMap", "flywheel-config")["data"]["flywheel.yaml"])
+        assert data["trainer"]["weight_dir"].startswith("/data/shared/"), case
+    import helm_python as helm
+
+    with pytest.raises(helm.HelmError, match="not on the shared volume"):
+        helm_check.render({"config": {"trainer": {"weight_dir": "/tmp/weights"}}})
+
+
+def test_config_cannot_override_what_the_chart_owns(helm_check, tmp_path):
+    """A `config` that sets an owned key (ranks, replicas, addresses, the file root) to
+    another value than the chart derives is refused at render time, naming the chart value
+    to set; the same value is accepted. Before: examples/demo.yaml as `config` rendered,
+    and its pods ran with `cluster.fileroot: runs` on a read-only root file system."""
+    import helm_python as helm
+
+    demo = yaml.safe_load((ROOT / "examples" / "demo.yaml").read_text())
+    with pytest.raises(helm.HelmError) as err:
+        helm_check.render({"config": demo})
+    assert "config.cluster.fileroot=runs" in str(err.value)
+    assert "sharedStorage.mountPath" in str(err.value)
+    del demo["cluster"]
+    with pytest.raises(helm.HelmError) as err:  # demo.yaml says n_ranks 1, the pods hold 2
+        helm_check.render({"config": demo, "trainer": {"nprocPerNode": 2}})
+    assert "config.trainer.n_ranks=1" in str(err.value)
+    assert "trainer.nodes x trainer.nprocPerNode" in str(err.value)
+    for bad, hint in (
+        ({"services": {"buffer": {"port": 6000}}}, "<service>.ports.grpc"),
+        ({"rollout": {"n_replicas": 3}}, "rollout.replicaCount"),
+        ({"trainer": {"master_port": 1234}}, "trainer.rendezvousPort"),
+    ):
+        with pytest.raises(helm.HelmError, match="the chart sets it to") as err:
+            helm_check.render({"config": bad})
+        assert hint in str(err.value), bad
+    # the same values as the chart's are fine, and the run trains: every pod would start
+    objects = helm_check.render({"config": demo, "trainer": {"nprocPerNode": 1}})
+    assert helm_check.preflight(objects) == []
+    cfg = chart_config(objects, tmp_path)
+    assert cfg.trainer.n_ranks == 1 and cfg.cluster.fileroot == "/data/shared"
+
+
+def test_a_values_change_outside_the_topology_rolls_no_service_pod(helm_check):
+    """Changing the dashboards' folder changes neither the ConfigMap nor any buffer, reward
+    or rollout pod template (nothing for Kubernetes to roll); only the trainer Job is
+    replaced (its name carries the revision) and the rank-0 Service follows it. Before: the
+    ConfigMap named the hashed Job, so its checksum rolled every pod."""
+    tokens = {"admin": "a0", "trainer": "t0", "rollout": "r0", "launcher": "l0"}
+    values = {"auth": {"tokens": tokens}, "redis": {"auth": {"password": "pw"}}}
+    a = helm_check.render(values)
+    b = helm_check.render({**values, "dashboards": {"folder": "RL"}})
+    assert one(a, "ConfigMap", "flywheel-config") == one(b, "ConfigMap", "flywheel-config")
+    for kind, name in (
+        ("Deployment", "flywheel-buffer"),
+        ("Deployment", "flywheel-reward"),
+        ("StatefulSet", "flywheel-rollout"),
+    ):
+        assert one(a, kind, name)["spec"] == one(b, kind, name)["spec"], name
+    job_a, job_b = trainer_job(a), trainer_job(b)
+    assert job_a["metadata"]["name"] != job_b["metadata"]["name"]
+    text = one(b, "ConfigMap", "flywheel-config")["data"]["flywheel.yaml"]
+    assert job_b["metadata"]["name"] not in text and job_a["metadata"]["name"] not in text
+    assert selects(one(b, "Service", "flywheel-trainer-0"), kubernetes_pod_labels(job_b, 0))
 
 
 # --- security (issue 24) ------------------------------------------------------------------

@@ -251,8 +251,10 @@ def test_the_config_map_is_the_run_config_with_cluster_addresses_and_no_secrets(
     text = keyed(objects)[("ConfigMap", "demo-flywheel-config")]["data"]["flywheel.yaml"]
     assert "tok-123" not in text and "pw-456" not in text
     loaded = FlywheelConfig.model_validate(yaml.safe_load(text))
-    job = trainer_job(objects)["metadata"]["name"]
-    master = f"{job}-0.demo-flywheel-trainer-headless.{DOMAIN}"
+    # rank 0 through the Service that selects the current Job's pod 0: no revision hash in
+    # the config every pod reads
+    assert trainer_job(objects)["metadata"]["name"] not in text
+    master = f"demo-flywheel-trainer-0.{DOMAIN}"
     assert loaded.services.buffer.address == f"demo-flywheel-buffer.{DOMAIN}:50051"
     assert loaded.services.reward.address == f"demo-flywheel-reward.{DOMAIN}:50051"
     assert loaded.services.trainer.address == f"{master}:50051"
@@ -272,6 +274,7 @@ def test_the_config_map_is_the_run_config_with_cluster_addresses_and_no_secrets(
         "buffer.redis_url",
         "buffer.redis_password",
         "cluster.fileroot",
+        "trainer.weight_dir",  # null here: the run directory's, on the shared volume
     }
 
     def differences(a: Any, b: Any, path: str = "") -> list[str]:
@@ -500,7 +503,12 @@ def test_every_pod_of_the_run_would_start(extra, helm_check):
     assert helm_check.preflight(k8s.manifests(load(*extra))) == []
 
 
-def test_the_preflight_finds_values_that_disagree_with_the_config(helm_check):
-    objects = k8s.manifests(load(), extra_values={"trainer": {"nprocPerNode": 3}})
-    [problem] = helm_check.preflight(objects)
-    assert "--nproc-per-node=3" in problem and "trainer.n_ranks=2" in problem
+def test_values_that_disagree_with_the_config_are_refused_at_render():
+    """The run says 2 ranks, the pods would hold 3: the chart refuses to render (before,
+    it rendered and the preflight found the trainer pod exiting 2 on the rank layout)."""
+    from services.launcher.helm_render import HelmRenderError
+
+    with pytest.raises(HelmRenderError) as err:
+        k8s.manifests(load(), extra_values={"trainer": {"nprocPerNode": 3}})
+    assert "config.trainer.n_ranks=2: the chart sets it to 3" in str(err.value)
+    assert "trainer.nodes x trainer.nprocPerNode" in str(err.value)

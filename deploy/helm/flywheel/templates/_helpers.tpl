@@ -150,17 +150,24 @@ checksum/secret: {{ include (print .Template.BasePath "/secrets.yaml") . | sha25
 {{- printf "%s-trainer-%s" (include "flywheel.fullname" .) (include "flywheel.revisionHash" .) -}}
 {{- end -}}
 
-{{/* Pod i of the trainer's Indexed Job has the hostname "<job>-i" in the headless
-     Service's subdomain; pod 0 holds rank 0 and the rendezvous. */}}
+{{/* The trainer's pod 0 (rank 0, the rendezvous, the gRPC service) by a name that is the
+     same in every revision: the Service "<fullname>-trainer-0" selects the current Job's
+     pod of completion index 0 (labels Kubernetes puts on the pods of an Indexed Job).
+     The shared ConfigMap names only this Service, so an upgrade that replaces the Job
+     changes no other pod. */}}
+{{- define "flywheel.trainerMasterService" -}}
+{{- printf "%s-trainer-0" (include "flywheel.fullname" .) -}}
+{{- end -}}
+
 {{- define "flywheel.trainerMaster" -}}
-{{- $full := include "flywheel.fullname" . -}}
-{{- printf "%s-0.%s-trainer-headless.%s" (include "flywheel.trainerJobName" .) $full (include "flywheel.svcDomain" .) -}}
+{{- printf "%s.%s" (include "flywheel.trainerMasterService" .) (include "flywheel.svcDomain" .) -}}
 {{- end -}}
 
 {{/* The demo: no `config.actor.path` given. A prepare Job writes the tiny model (with its
      supervised warm start) and the built-in arithmetic data onto the shared volume, as the
-     local launcher and compose's `prepare` do; without `demo.enabled` the install fails
-     here, saying what to set. */}}
+     local launcher and compose's `prepare` do, and the run takes the demo's configuration
+     (files/demo.yaml, a copy of examples/demo.yaml); without `demo.enabled` the install
+     fails here, saying what to set. */}}
 {{- define "flywheel.demo" -}}
 {{- if not (dig "actor" "path" "" .Values.config) -}}
 {{- if not .Values.demo.enabled -}}
@@ -175,16 +182,42 @@ true
 {{- end -}}
 {{- end -}}
 
+{{/* The run's own configuration, as YAML: the demo's (files/demo.yaml, less the keys the
+     chart owns) when the demo runs, with the user's `config` merged over it. */}}
+{{- define "flywheel.userConfig" -}}
+{{- $base := dict -}}
+{{- if include "flywheel.demo" . -}}
+{{- $base = .Files.Get "files/demo.yaml" | fromYaml -}}
+{{- $_ := unset $base "cluster" -}}
+{{- end -}}
+{{- include "flywheel.deepMerge" (dict "dst" $base "src" (deepCopy .Values.config)) -}}
+{{- toYaml $base -}}
+{{- end -}}
+
+{{/* Merge `src` into `dst` (in place), `src` winning everywhere: false, 0 and null too
+     (Sprig's mergeOverwrite keeps the old value for those, so `max_head_offpolicyness: 0`
+     or `valid_dataset: null` would not reach the run). Call with (dict "dst" . "src" .). */}}
+{{- define "flywheel.deepMerge" -}}
+{{- $dst := .dst -}}
+{{- range $k, $v := .src -}}
+{{- if and (kindIs "map" $v) (kindIs "map" (get $dst $k)) -}}
+{{- include "flywheel.deepMerge" (dict "dst" (get $dst $k) "src" $v) -}}
+{{- else -}}
+{{- $_ := set $dst $k $v -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{/* True when a prepare Job runs: the demo model, or the built-in data set (no
      `config.train_dataset.path`) under demo.enabled. */}}
 {{- define "flywheel.prepare" -}}
 {{- if or (include "flywheel.demo" .) (and .Values.demo.enabled (not (dig "train_dataset" "path" "" .Values.config))) -}}true{{- end -}}
 {{- end -}}
 
-{{/* The run directory `<cluster.fileroot>/<experiment_name>/<trial_name>`. */}}
+{{/* The run directory `<cluster.fileroot>/<experiment_name>/<trial_name>` on the shared volume. */}}
 {{- define "flywheel.runDir" -}}
-{{- $root := dig "cluster" "fileroot" .Values.sharedStorage.mountPath .Values.config -}}
-{{- printf "%s/%s/%s" (trimSuffix "/" $root) (dig "experiment_name" "flywheel" .Values.config) (dig "trial_name" "trial0" .Values.config) -}}
+{{- $cfg := include "flywheel.userConfig" . | fromYaml -}}
+{{- printf "%s/%s/%s" (trimSuffix "/" .Values.sharedStorage.mountPath) (dig "experiment_name" "flywheel" $cfg) (dig "trial_name" "trial0" $cfg) -}}
 {{- end -}}
 
 {{/* Written by the prepare Job last, once model and data are in place. */}}
@@ -194,7 +227,8 @@ true
 
 {{/* Where prepare writes the demo model: the warm-started copy unless the warm start is off. */}}
 {{- define "flywheel.demoModelPath" -}}
-{{- $ws := dig "launcher" "warm_start" dict .Values.config -}}
+{{- $cfg := include "flywheel.userConfig" . | fromYaml -}}
+{{- $ws := dig "launcher" "warm_start" dict $cfg -}}
 {{- $on := and (ne (toString (dig "enabled" true $ws)) "false") (gt (int (dig "steps" 220 $ws)) 0) -}}
 {{- printf "%s/model/%s" (include "flywheel.runDir" .) (ternary "sft" "base" $on) -}}
 {{- end -}}
@@ -216,19 +250,20 @@ initContainers:
 {{- end }}
 {{- end -}}
 
-{{/* The Flywheel configuration every service reads: what the chart derives from its own
-     objects, with the user's `config` merged over it (the user's keys win). */}}
-{{- define "flywheel.config" -}}
+{{/* What the chart owns in the configuration: the topology of its own objects (addresses,
+     ports, the Redis URL, the rendezvous, ranks and replicas, the file root on the shared
+     volume). Rendered as YAML; nothing in it depends on the revision, so a values change
+     that leaves the topology alone leaves the ConfigMap, and every service pod, alone. */}}
+{{- define "flywheel.ownedConfig" -}}
 {{- $full := include "flywheel.fullname" . -}}
 {{- $domain := include "flywheel.svcDomain" . -}}
-{{- $derived := dict
+{{- $owned := dict
   "cluster" (dict "fileroot" .Values.sharedStorage.mountPath)
   "buffer" (dict "redis_url" (include "flywheel.redisUrl" .))
   "rollout" (dict "n_replicas" (int (include "flywheel.rolloutReplicas" .)))
   "trainer" (dict
       "n_ranks" (mul .Values.trainer.nodes .Values.trainer.nprocPerNode)
       "backend" .Values.trainer.backend
-      "device" (ternary "cuda" "auto" (eq .Values.trainer.backend "nccl"))
       "weight_transport" (ternary "disk" .Values.trainer.weightTransport .Values.rollout.autoscaling.enabled)
       "master_addr" (include "flywheel.trainerMaster" .)
       "master_port" (int .Values.trainer.rendezvousPort))
@@ -238,22 +273,96 @@ initContainers:
       "rollout" (dict "host" (include "flywheel.rolloutHost" .) "port" (int .Values.rollout.ports.grpc) "metrics_port" (int .Values.rollout.ports.metrics) "port_stride" 0)
       "trainer" (dict "host" (include "flywheel.trainerMaster" .) "port" (int .Values.trainer.ports.grpc) "metrics_port" (int .Values.trainer.ports.metrics)))
 -}}
+{{- if .Values.rollout.sglang.enabled -}}
+{{- $_ := set $owned.rollout "engine" "sglang" -}}
+{{- $_ := set $owned.rollout "sglang" (dict "url" (printf "http://127.0.0.1:%d" (int .Values.rollout.sglang.port))) -}}
+{{- end -}}
+{{- toYaml $owned -}}
+{{- end -}}
+
+{{/* The chart value to set instead of each owned key of `config`. */}}
+{{- define "flywheel.ownedBy" -}}
+cluster.fileroot: sharedStorage.mountPath
+buffer.redis_url: redis.enabled / externalRedis.url
+rollout.n_replicas: rollout.replicaCount (rollout.autoscaling.maxReplicas when autoscaling)
+rollout.engine: rollout.sglang.enabled
+rollout.sglang.url: rollout.sglang.port
+trainer.n_ranks: trainer.nodes x trainer.nprocPerNode
+trainer.backend: trainer.backend
+trainer.weight_transport: trainer.weightTransport (disk when rollout.autoscaling.enabled)
+trainer.master_addr: the release name (the Service <release>-trainer-0)
+trainer.master_port: trainer.rendezvousPort
+services.*.host: the release name and namespace (each service binds 0.0.0.0 in its pod)
+services.*.port: <service>.ports.grpc
+services.*.metrics_port: <service>.ports.metrics
+services.rollout.port_stride: nothing (every replica is its own pod)
+{{- end -}}
+
+{{/* Refuse, at render time, a `config` that sets an owned key to another value than the
+     chart's: the pods would disagree with the objects around them (a trainer whose
+     n_ranks is not its pods' ranks exits 2 at start). Null counts as unset. */}}
+{{- define "flywheel.checkOwned" -}}
+{{- $owned := include "flywheel.ownedConfig" . | fromYaml -}}
+{{- $by := include "flywheel.ownedBy" . | fromYaml -}}
+{{- $user := .Values.config -}}
+{{- range $block, $keys := $owned -}}
+{{- range $key, $want := $keys -}}
+{{- if eq $block "services" -}}
+{{- range $field, $w := $want -}}
+{{- $given := dig $block $key $field nil $user -}}
+{{- if and (not (kindIs "invalid" $given)) (ne (toString $given) (toString $w)) -}}
+{{- fail (printf "config.%s.%s.%s=%v: the chart sets it to %v; set %s instead, and leave it out of config" $block $key $field $given $w (index $by (printf "services.*.%s" $field))) -}}
+{{- end -}}
+{{- end -}}
+{{- else if kindIs "map" $want -}}
+{{- range $field, $w := $want -}}
+{{- $given := dig $block $key $field nil $user -}}
+{{- if and (not (kindIs "invalid" $given)) (ne (toString $given) (toString $w)) -}}
+{{- fail (printf "config.%s.%s.%s=%v: the chart sets it to %v; set %s instead, and leave it out of config" $block $key $field $given $w (index $by (printf "%s.%s.%s" $block $key $field))) -}}
+{{- end -}}
+{{- end -}}
+{{- else -}}
+{{- $given := dig $block $key nil $user -}}
+{{- if and (not (kindIs "invalid" $given)) (ne (toString $given) (toString $want)) -}}
+{{- fail (printf "config.%s.%s=%v: the chart sets it to %v; set %s instead, and leave it out of config" $block $key $given $want (index $by (printf "%s.%s" $block $key))) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The Flywheel configuration every service reads: the run's own configuration
+     (`flywheel.userConfig`), defaults the chart derives where it leaves a key unset (the
+     device, where weights are published, the demo's model and data), and what the chart
+     owns over both. */}}
+{{- define "flywheel.config" -}}
+{{- include "flywheel.checkOwned" . -}}
+{{- $user := include "flywheel.userConfig" . | fromYaml -}}
+{{- $mount := trimSuffix "/" .Values.sharedStorage.mountPath -}}
+{{- $defaults := dict
+  "trainer" (dict
+      "device" (ternary "cuda" "auto" (eq .Values.trainer.backend "nccl"))
+      "weight_dir" (printf "%s/weights" (include "flywheel.runDir" .)))
+-}}
+{{- $weights := dig "trainer" "weight_dir" "" $user -}}
+{{- if and $weights (not (hasPrefix (printf "%s/" $mount) $weights)) -}}
+{{- fail (printf "config.trainer.weight_dir=%s is not on the shared volume (%s): a restarted rollout replica loads the newest published weights from there; leave it unset (%s/weights) or put it under %s" $weights $mount (include "flywheel.runDir" .) $mount) -}}
+{{- end -}}
 {{- if include "flywheel.demo" . -}}
 {{- $model := include "flywheel.demoModelPath" . -}}
-{{- $_ := set $derived "actor" (dict "path" $model) -}}
-{{- $_ := set $derived "tokenizer_path" $model -}}
+{{- $_ := set $defaults "actor" (dict "path" $model) -}}
+{{- $_ := set $defaults "tokenizer_path" $model -}}
 {{- end -}}
 {{- if include "flywheel.prepare" . -}}
-{{- $_ := set $derived "train_dataset" (dict "path" (printf "%s/data/train.jsonl" (include "flywheel.runDir" .))) -}}
-{{- if and (hasKey .Values.config "valid_dataset") (not (dig "valid_dataset" "path" "" .Values.config)) (.Values.config.valid_dataset) -}}
-{{- $_ := set $derived "valid_dataset" (dict "path" (printf "%s/data/valid.jsonl" (include "flywheel.runDir" .))) -}}
+{{- $_ := set $defaults "train_dataset" (dict "path" (printf "%s/data/train.jsonl" (include "flywheel.runDir" .))) -}}
+{{- $valid := get $user "valid_dataset" -}}
+{{- if and (kindIs "map" $valid) (not (get $valid "path")) -}}
+{{- $_ := set $defaults "valid_dataset" (dict "path" (printf "%s/data/valid.jsonl" (include "flywheel.runDir" .))) -}}
 {{- end -}}
 {{- end -}}
-{{- if .Values.rollout.sglang.enabled -}}
-{{- $_ := set $derived.rollout "engine" "sglang" -}}
-{{- $_ := set $derived.rollout "sglang" (dict "url" (printf "http://127.0.0.1:%d" (int .Values.rollout.sglang.port))) -}}
-{{- end -}}
-{{- toYaml (mustMergeOverwrite $derived (deepCopy .Values.config)) -}}
+{{- /* Defaults fill what the run leaves unset or null; the owned keys are kept over both. */ -}}
+{{- $cfg := mustMerge $user $defaults -}}
+{{- toYaml (mustMerge (include "flywheel.ownedConfig" . | fromYaml) $cfg) -}}
 {{- end -}}
 
 {{/* Pod pieces ---------------------------------------------------------------------- */}}
