@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -95,28 +96,56 @@ def junit_counts(path: Path) -> dict[str, int]:
     return {"passed": total - failed - skipped, "failed": failed, "skipped": skipped}
 
 
+def run_group(cmd: list[str], log: Path, timeout: float, cwd: Path) -> int | None:
+    """Run `cmd` in its own process group, output to `log`; its exit status, or None when
+    it ran out of time (then the group gets SIGTERM, and SIGKILL 30 s later, so no server
+    that it started outlives it holding the GPU or a port)."""
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            env=subprocess_env(),
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        for sig, grace in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout=grace)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        return None
+
+
+def tail(path: Path, n: int = 3000) -> str:
+    return path.read_text(errors="replace")[-n:] if path.is_file() else ""
+
+
 def run_gpu_tests(work: Path, timeout: float) -> dict[str, Any]:
     report = work / "gpu-tests.xml"
     cmd = [sys.executable, "-m", "pytest", "tests/gpu", "-m", "gpu", "-q", "-p", "no:cacheprovider"]
     cmd += [f"--junitxml={report}", "-o", f"timeout={int(timeout)}"]
     say("pytest tests/gpu -m gpu")
     t0 = time.monotonic()
-    try:
-        proc = subprocess.run(
-            cmd, cwd=ROOT, env=subprocess_env(), timeout=timeout, capture_output=True, text=True
-        )
-        rc: int | str = proc.returncode
-        tail = (proc.stdout + proc.stderr)[-2000:]
-    except subprocess.TimeoutExpired as exc:
-        rc, tail = "timeout", str(exc.stdout or "")[-2000:]
-    out: dict[str, Any] = {"rc": rc, **junit_counts(report)}
+    log = work / "gpu-tests.log"
+    rc = run_group(cmd, log, timeout, ROOT)
+    out: dict[str, Any] = {"rc": "timeout" if rc is None else rc, **junit_counts(report)}
     out["seconds"] = round(time.monotonic() - t0, 1)
     if rc != 0:
-        say(f"tests/gpu: rc {rc}\n{tail}")
+        say(f"tests/gpu: rc {out['rc']}; the end of {log}:\n{tail(log)}")
     return out
 
 
-def percentile_figures(values: list[float], name: str) -> dict[str, float]:
+def median_and_max(values: list[float], name: str) -> dict[str, float]:
     """`<name>_median` and `<name>_max` of `values` (rounded; nothing when empty)."""
     if not values:
         return {}
@@ -219,14 +248,14 @@ def run_figures(run_dir: Path) -> dict[str, Any]:
     """What a finished (or stopped) run left in its directory, as figures."""
     records = read_jsonl(run_dir / "metrics.jsonl")
     out: dict[str, Any] = {"steps": len(records)}
-    out |= percentile_figures([r["step_seconds"] for r in records[1:]], "trainer_step_s")
+    out |= median_and_max([r["step_seconds"] for r in records[1:]], "trainer_step_s")
     if records:
         out["trainer_first_step_s"] = round(records[0]["step_seconds"], 3)
-    out |= percentile_figures(
+    out |= median_and_max(
         [r["phase_seconds"]["train"] for r in records if "train" in r.get("phase_seconds", {})],
         "trainer_train_s",
     )
-    out |= percentile_figures(
+    out |= median_and_max(
         [r["weight_broadcast_seconds"] for r in records if "weight_broadcast_seconds" in r],
         "weight_update_s",
     )
@@ -256,20 +285,7 @@ def run_smollm2(
     say(f"flywheel run, {steps} steps, trainer in {'bfloat16' if bf16 else 'float32'}")
     log = work / "run.log"
     t0 = time.monotonic()
-    with log.open("wb") as fh:
-        proc = subprocess.Popen(
-            cmd, cwd=work, env=subprocess_env(), stdout=fh, stderr=subprocess.STDOUT
-        )
-        try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.terminate()  # the launcher stops its services on SIGTERM
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            rc = None
+    rc = run_group(cmd, log, timeout, work)  # SIGTERM first: the launcher stops its services
     figures = run_figures(work / "runs" / "smollm2_math" / "latest")
     figures["run_seconds"] = round(time.monotonic() - t0, 1)
     if rc is None:
@@ -280,7 +296,7 @@ def run_smollm2(
         why = f"the run finished with {figures.get('steps')} of {steps} steps, invariants_ok={figures.get('invariants_ok')}"
     else:
         return figures, ""
-    say(f"{why}; the end of its log ({log}):\n{log.read_text(errors='replace')[-3000:]}")
+    say(f"{why}; the end of {log}:\n{tail(log)}")
     return figures, why
 
 
@@ -339,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if failures else 0
 
     if not args.skip_tests:
-        tests = run_gpu_tests(work, min(TESTS_SHARE_S, left() - 240))
+        tests = run_gpu_tests(work, max(min(TESTS_SHARE_S, left() - 240), 30.0))
         out["gpu_tests"] = tests
         if tests["rc"] != 0 or (tests["passed"] == 0 and device == "cuda"):
             failures.append(
@@ -360,9 +376,12 @@ def main(argv: list[str] | None = None) -> int:
     out["model_prepare_s"] = round(time.monotonic() - t0, 1)
 
     say(f"torch engine on {device}: decode and one weight update")
+    share = max(min(ENGINE_SHARE_S, left() - 150), 10.0)
     try:
         figures = engine_figures(model_dir, device, args.engine_batch, args.engine_new_tokens)
-        out |= asyncio.run(asyncio.wait_for(figures, max(min(ENGINE_SHARE_S, left() - 150), 10)))
+        out |= asyncio.run(asyncio.wait_for(figures, share))
+    except TimeoutError:
+        failures.append(f"engine: not done within {share:.0f} s")
     except Exception as exc:  # noqa: BLE001 - reported in the JSON line
         failures.append(f"engine: {type(exc).__name__}: {exc}")
     if device == "cuda":
@@ -371,7 +390,10 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         gc.collect()
-        torch.cuda.empty_cache()  # the run's processes get the memory back
+        try:
+            torch.cuda.empty_cache()  # the run's processes get the memory back
+        except Exception as exc:  # noqa: BLE001 - a broken context is the engine's failure
+            say(f"torch.cuda.empty_cache: {exc}")
 
     figures, why = run_smollm2(
         work, args.steps, device, bool(gpu["bf16"]), max(left() - 10, 30), args.eval_prompts

@@ -162,3 +162,17 @@ def test_model_wheel_parts_join_back_to_the_checked_file(tmp_path: Path) -> None
     parts[1].write_bytes(b"x" * 4096)
     with pytest.raises(SystemExit, match="SHA-256"):
         wheels.join(out)
+
+
+def test_a_stage_out_of_time_is_stopped_with_every_process_it_started(tmp_path: Path) -> None:
+    """A stage that hangs (here a shell whose child would sleep for an hour) is stopped at
+    its deadline with its whole process group, so no server it started keeps the GPU."""
+    pid_file = tmp_path / "child.pid"
+    script = f"sleep 3600 & echo $! > {pid_file}; echo started; wait"
+    rc = gpu_check.run_group(["sh", "-c", script], tmp_path / "log", 1.0, tmp_path)
+    assert rc is None  # out of time
+    assert (tmp_path / "log").read_text() == "started\n"
+    stat = Path(f"/proc/{int(pid_file.read_text())}/stat")
+    # the grandchild is gone too: no process, or a zombie left for its new parent to reap
+    assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    assert gpu_check.run_group(["sh", "-c", "exit 3"], tmp_path / "log2", 30.0, tmp_path) == 3
