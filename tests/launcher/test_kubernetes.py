@@ -104,8 +104,8 @@ def test_dry_run_writes_the_manifests_in_order(tmp_path, helm_check):
     assert result.returncode == 0, result.stderr
     files = sorted(out.iterdir())
     # the namespace, a NetworkPolicy per component, the ServiceAccount, 2 Secrets, the
-    # ConfigMap, the shared volume, 6 Services, 5 workloads
-    assert len(files) == 22 and files[0].name == "00-namespace-fw-test.yaml"
+    # ConfigMap, the shared volume, 7 Services (the trainer's rank 0 has its own), 5 workloads
+    assert len(files) == 23 and files[0].name == "00-namespace-fw-test.yaml"
     assert files[1].name == "01-networkpolicy-demo-flywheel-redis.yaml"
     objects = [yaml.safe_load(p.read_text()) for p in files]
     assert helm_check.validate_objects(objects) == []
