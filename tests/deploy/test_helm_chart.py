@@ -726,6 +726,44 @@ def test_a_restarted_rollout_replica_finds_the_published_weights(helm_check, ren
         helm_check.render({"config": {"trainer": {"weight_dir": "/tmp/weights"}}})
 
 
+async def test_a_restarted_rollout_pod_serves_the_published_version(rendered, tmp_path):
+    """The rollout service built as a restarted pod builds it, from the chart's ConfigMap
+    (the shared volume at a temporary folder, the demo's model where the prepare Job puts
+    it): the trainer published versions 2 and 3 under its run directory (RunPaths, the
+    publisher's `v<version>` folders, other weights than the model's), and before serving
+    the replica loads version 3 and its weights (`RolloutService.catch_up`)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from services.common.tiny_model import write_tiny_model
+    from services.common.weights.disk import save_weights
+    from services.rollout.service import RolloutService
+    from services.trainer.paths import RunPaths
+    from services.trainer.weight_sync import version_dir
+
+    shared = tmp_path / "shared"
+    cfg = chart_config(rendered["default"], tmp_path, shared)
+    write_tiny_model(Path(cfg.actor.path))
+    other = write_tiny_model(tmp_path / "other", seed=1)  # the trained weights
+    trained = {}
+    for f in sorted(other.glob("*.safetensors")):
+        trained.update(load_file(str(f)))
+    published = RunPaths.from_config(cfg).weight_dir
+    for version in (2, 3):
+        save_weights(version_dir(published, version), trained, version)
+    replica = RolloutService(cfg, replica_index=0)
+    await replica.engine.start()
+    try:
+        assert replica.engine.version == 0
+        assert await replica.catch_up()
+        assert replica.engine.version == 3
+        served = dict(replica.engine.model.named_parameters())
+        name = next(n for n in trained if n in served and trained[n].is_floating_point())
+        torch.testing.assert_close(served[name].detach().cpu(), trained[name], rtol=0, atol=0)
+    finally:
+        await replica.engine.stop()
+
+
 def test_config_cannot_override_what_the_chart_owns(helm_check, tmp_path):
     """A `config` that sets an owned key (ranks, replicas, addresses, the file root) to
     another value than the chart derives is refused at render time, naming the chart value
