@@ -785,10 +785,38 @@ def test_config_cannot_override_what_the_chart_owns(helm_check, tmp_path):
         ({"services": {"buffer": {"port": 6000}}}, "<service>.ports.grpc"),
         ({"rollout": {"n_replicas": 3}}, "rollout.replicaCount"),
         ({"trainer": {"master_port": 1234}}, "trainer.rendezvousPort"),
+        ({"services": {"rollout": {"port_stride": 1}}}, "every rollout replica is its own pod"),
     ):
         with pytest.raises(helm.HelmError, match="the chart sets it to") as err:
             helm_check.render({"config": bad})
         assert hint in str(err.value), bad
+    # every owned key is refused with a message that names what to set instead
+    owned = [
+        "cluster.fileroot", "buffer.redis_url", "rollout.n_replicas", "trainer.n_ranks",
+        "trainer.backend", "trainer.weight_transport", "trainer.master_addr",
+        "trainer.master_port",
+    ] + [
+        f"services.{c}.{f}"
+        for c in ("buffer", "reward", "rollout", "trainer")
+        for f in ("host", "port", "metrics_port")
+    ] + ["services.rollout.port_stride"]  # fmt: skip
+    sglang = helm_check.load_values(CHART / "ci" / "gpu-8-values.yaml")
+    for dotted in [*owned, "rollout.engine", "rollout.sglang.url"]:
+        config: dict[str, Any] = {}
+        node = config
+        *parents, last = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[last] = 7
+        values = {"config": config}
+        if dotted.startswith("rollout.sglang") or dotted == "rollout.engine":
+            values = {**sglang, "config": {**sglang["config"], **config}}
+            values["config"]["rollout"] = {**sglang["config"]["rollout"], **config["rollout"]}
+        with pytest.raises(helm.HelmError) as err:
+            helm_check.render(values)
+        message = str(err.value)
+        assert f"config.{dotted}=7: the chart sets it to" in message, dotted
+        assert "; set " in message and "%!" not in message and "<nil>" not in message, message
     # the same values as the chart's are fine, and the run trains: every pod would start
     objects = helm_check.render({"config": demo, "trainer": {"nprocPerNode": 1}})
     assert helm_check.preflight(objects) == []

@@ -295,7 +295,7 @@ trainer.master_port: trainer.rendezvousPort
 services.*.host: the release name and namespace (each service binds 0.0.0.0 in its pod)
 services.*.port: <service>.ports.grpc
 services.*.metrics_port: <service>.ports.metrics
-services.rollout.port_stride: nothing (every replica is its own pod)
+services.*.port_stride: nothing (every rollout replica is its own pod, on the same ports)
 {{- end -}}
 
 {{/* Refuse, at render time, a `config` that sets an owned key to another value than the
