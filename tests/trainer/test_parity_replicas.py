@@ -8,7 +8,7 @@ time, so the reference forwards for different replicas run concurrently in the t
 threads. A reference that changes the shared model while it runs (swapping the published
 tensors in and the model's own back out, per call, as `torch.func.functional_call` does)
 lets one replica's forward run on weights another call has just put back: that replica's
-difference jumps by tenths of a nat and a healthy replica is paused. Twelve updates, each
+difference jumps by tenths of a nat and a healthy replica is paused. Eight updates, each
 probed on three replicas, must show no such false alarm.
 
 A smaller GIL switch interval (the interpreter hands the GIL to another thread more often)
@@ -36,7 +36,7 @@ from tests.trainer.test_parity_reference import frequent_thread_switches  # noqa
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 N_REPLICAS = 3
-UPDATES = 12
+UPDATES = 8
 
 
 @pytest.fixture(scope="module")
