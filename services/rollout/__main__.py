@@ -4,8 +4,9 @@ Serves `flywheel.v1.RolloutService` for replica I (`services.rollout.replica_por
 `rollout-I`) and runs the data loop (reserve capacity, generate, score, put) unless
 `--eval-only` (Generate and weight updates only: no buffer or reward needed, used by
 `flywheel eval`). SIGTERM: NOT_SERVING, groups in flight finish and are put, exit 0.
-`--check`: load the config, check the model, data and replica I's addresses, then exit
-(0: it would start; 2: it would not); see services/common/preflight.py.
+`--check`: load the config, check the model, data and replica I's addresses, build the
+sampling parameters and resolve the workflow, then exit (0: it would start; 2: it would
+not); see services/common/preflight.py.
 """
 
 from __future__ import annotations
@@ -74,6 +75,14 @@ def _check(cfg: Any, index: int, eval_only: bool) -> int:
             "train_dataset.path is null: a rollout replica reads its prompts from a "
             "JSONL/parquet file (only the local launcher writes the built-in data set)"
         )
+    # What the replica builds before its model: the sampling parameters of every request
+    # and, unless it only evaluates, the workflow class its loop runs.
+    from services.rollout.types import SamplingParams
+    from services.rollout.workflows.base import resolve_workflow_class
+
+    SamplingParams.from_gconfig(cfg.gconfig)
+    if not eval_only:
+        resolve_workflow_class(cfg.rollout.workflow)
     ep = cfg.services.rollout
     ports = (ep.replica_port(index), ep.replica_port(index, "metrics_port"))
     check_bindable(f"services.rollout (replica {index})", ep.replica_host(index), ports)

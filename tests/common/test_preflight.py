@@ -84,6 +84,18 @@ def test_the_trainer_check_builds_its_optimizer_and_lr_schedule(capsys) -> None:
     assert "actor cosine lr over 3 optimizer steps" in capsys.readouterr().out
 
 
+def test_the_rollout_check_resolves_its_workflow(capsys) -> None:
+    """A workflow name the loop cannot load (RolloutService._build_loop, `load_workflow`)
+    stops the replica at start: the check resolves it (eval-only replicas run none)."""
+    from services.rollout.__main__ import main
+
+    base = ["--check", "actor.path=/m", "train_dataset.path=/d.jsonl"]
+    assert main([*base, "rollout.workflow=rlvrx"]) == 2
+    assert "rollout.workflow='rlvrx' is unknown" in capsys.readouterr().err
+    assert main([*base, "rollout.workflow=rlvrx", "--eval-only"]) == 0
+    assert main(base) == 0
+
+
 def test_bindable_addresses() -> None:
     check_bindable("x", "0.0.0.0", (50051, 0))
     check_bindable("x", "127.0.0.1", (0,))
