@@ -23,6 +23,7 @@ import numpy as np
 
 from flywheel_proto.v1 import common_pb2
 from services.common.codec import CodecLimits
+from services.common.limits import MAX_ID_BYTES
 
 _INT: dict[str, np.dtype[Any]] = {"int32": np.dtype("<i4"), "int64": np.dtype("<i8")}
 _MASK: dict[str, np.dtype[Any]] = {"int8": np.dtype("<i1"), "uint8": np.dtype("<u1")}
@@ -103,10 +104,7 @@ def fast_versions(
     return oldest, int(generated.max())
 
 
-# -- bounds on ids and versions --------------------------------------------------------------
-
-MAX_ID_BYTES = 256
-"""Longest id (group, trajectory, request, reservation, consumer, rollout) in UTF-8 bytes."""
+# -- bounds on ids and versions (MAX_ID_BYTES: services/common/limits.py) -------------------
 
 _WHITESPACE = re.compile(r"\s")
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from services.common.grpc_server import AuthFailureMetrics
 from services.common.metrics import metric_name, new_registry
 
 _SCORE_BUCKETS = (
@@ -95,6 +96,7 @@ class RewardMetrics:
         self.rejected = Counter(
             _n("rejected_requests"), "Requests refused, by reason.", ["reason"], registry=r
         )
+        self.auth = AuthFailureMetrics("reward", r)
         self.request_seconds = Histogram(
             _n("request", "seconds"),
             "End-to-end RPC latency.",

@@ -100,6 +100,7 @@ class RewardService:
             service_names=[SERVICE_NAME],
             credentials=parts.credentials,
             tls=parts.tls,
+            auth_metrics=self.metrics.auth,
         )
         reward_pb2_grpc.add_RewardServiceServicer_to_server(self.servicer, self.server.server)
         self.http: MetricsServer | None = None

@@ -29,8 +29,8 @@ from typing import Any
 import grpc
 
 from flywheel_proto.v1 import common_pb2, reward_pb2, reward_pb2_grpc
-from services.buffer.validate import MAX_ID_BYTES
 from services.common.config import RewardConfig
+from services.common.limits import MAX_ID_BYTES
 from services.reward.cache import ScoreCache, cache_key
 from services.reward.idempotency import IdempotencyStore, RequestIdConflict
 from services.reward.metrics import RewardMetrics

@@ -78,6 +78,12 @@ async def test_bearer_token_is_sent_and_required() -> None:
             with pytest.raises(RewardClientError) as err:
                 await anonymous.score_batch([ScoreItem(completion="#### 2", answer="2")])
         assert err.value.code is not None and err.value.code.name == "UNAUTHENTICATED"
+        # the refusal is counted on the service's own registry, as the other services do
+        refused = service.service.prom.get_sample_value(
+            "flywheel_reward_auth_failures_total",
+            {"method": "flywheel.v1.RewardService/ScoreBatch", "code": "UNAUTHENTICATED"},
+        )
+        assert refused == 1.0
     finally:
         service.stop()
 

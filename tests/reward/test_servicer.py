@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flywheel_proto.v1 import common_pb2, reward_pb2
-from services.buffer.validate import MAX_ID_BYTES
+from services.common.limits import MAX_ID_BYTES
 from services.reward.client import RewardClient, ScoreItem
 from services.reward.servicer import MAX_KWARGS_DEPTH
 from tests.reward.conftest import RunningReward, process_identity, service_config
