@@ -18,7 +18,7 @@ validation, model, rank layout, bindable addresses, and what the process builds 
 without a model: the trainer's optimizer and lr schedule). A pod that would exit at start
 is a finding. What it cannot see: the files on the shared volume and the cluster's DNS.
 Last, the chart's copy of the demo's configuration (`files/demo.yaml`, what a release
-without `config.actor.path` trains) must be `examples/demo.yaml` itself.
+without `config.actor.path` trains) must hold what `examples/demo.yaml` holds.
 
     python tools/helm_check.py                 # check everything, exit 1 on a finding
     python tools/helm_check.py --write-readme  # regenerate the README parameters table
@@ -489,7 +489,8 @@ CHART_DEMO = CHART / "files" / "demo.yaml"
 
 
 def demo_is_current() -> bool:
-    return CHART_DEMO.read_text() == DEMO.read_text()
+    """The same YAML (comments may differ: the copy is refreshed when a value changes)."""
+    return yaml.safe_load(CHART_DEMO.read_text()) == yaml.safe_load(DEMO.read_text())
 
 
 # --- the check ------------------------------------------------------------------------

@@ -498,7 +498,7 @@ def test_secrets_have_one_value_per_render_and_roll_the_pods(helm_check, rendere
     a, b = helm_check.render(values), helm_check.render(values)
     assert trainer_job(a)["metadata"]["name"] == trainer_job(b)["metadata"]["name"]
     assert a == b
-    changed = helm_check.render({**values, "auth": {"token": "other"}})
+    changed = helm_check.render({**values, "auth": {"tokens": {**tokens, "trainer": "t1"}}})
     assert trainer_job(changed)["metadata"]["name"] != trainer_job(a)["metadata"]["name"]
 
 
@@ -672,6 +672,19 @@ def test_the_chart_demo_is_examples_demo(helm_check, rendered, tmp_path):
     assert sync.actor.path == "/data/shared/demo/latest/model/base"  # not warm-started
 
 
+def test_helm_check_finds_a_stale_demo_copy(helm_check, tmp_path, monkeypatch):
+    """A value of examples/demo.yaml changed and not copied into the chart is a finding;
+    a comment is not."""
+    demo = helm_check.DEMO.read_text()
+    assert "total_train_steps: 275" in demo
+    stale = tmp_path / "demo.yaml"
+    monkeypatch.setattr(helm_check, "CHART_DEMO", stale)
+    stale.write_text(demo.replace("total_train_steps: 275", "total_train_steps: 274"))
+    assert not helm_check.demo_is_current()
+    stale.write_text("# the chart's copy\n" + demo)
+    assert helm_check.demo_is_current()
+
+
 def test_a_run_without_a_schedule_length_is_caught_offline(helm_check):
     """Your own model and no total_train_steps: the trainer's default lr schedule (a
     warm-up proportion) cannot be built (PPOTrainer's schedule_steps raises), so the
@@ -825,26 +838,33 @@ def test_config_cannot_override_what_the_chart_owns(helm_check, tmp_path):
 
 
 def test_a_values_change_outside_the_topology_rolls_no_service_pod(helm_check):
-    """Changing the dashboards' folder changes neither the ConfigMap nor any buffer, reward
-    or rollout pod template (nothing for Kubernetes to roll); only the trainer Job is
-    replaced (its name carries the revision) and the rank-0 Service follows it. Before: the
-    ConfigMap named the hashed Job, so its checksum rolled every pod."""
+    """Changing the dashboards' folder changes neither the ConfigMap nor any pod template
+    (nothing for Kubernetes to roll): the buffer, reward and rollout pods stay, and so does
+    the trainer Job (named by the hash of its own spec). Changing the trainer's resources
+    replaces the trainer Job only; the ConfigMap still names no Job, and the rank-0 Service
+    follows the new one. Before: the ConfigMap named the Job, whose name hashed every value,
+    so any change rolled every pod."""
     tokens = {"admin": "a0", "trainer": "t0", "rollout": "r0", "launcher": "l0"}
     values = {"auth": {"tokens": tokens}, "redis": {"auth": {"password": "pw"}}}
     a = helm_check.render(values)
     b = helm_check.render({**values, "dashboards": {"folder": "RL"}})
-    assert one(a, "ConfigMap", "flywheel-config") == one(b, "ConfigMap", "flywheel-config")
-    for kind, name in (
-        ("Deployment", "flywheel-buffer"),
-        ("Deployment", "flywheel-reward"),
-        ("StatefulSet", "flywheel-rollout"),
-    ):
-        assert one(a, kind, name)["spec"] == one(b, kind, name)["spec"], name
-    job_a, job_b = trainer_job(a), trainer_job(b)
-    assert job_a["metadata"]["name"] != job_b["metadata"]["name"]
-    text = one(b, "ConfigMap", "flywheel-config")["data"]["flywheel.yaml"]
-    assert job_b["metadata"]["name"] not in text and job_a["metadata"]["name"] not in text
-    assert selects(one(b, "Service", "flywheel-trainer-0"), kubernetes_pod_labels(job_b, 0))
+    resources = {"requests": {"cpu": "3", "memory": "8Gi"}, "limits": {"memory": "32Gi"}}
+    c = helm_check.render({**values, "trainer": {"resources": resources}})
+    config = one(a, "ConfigMap", "flywheel-config")
+    for other in (b, c):
+        assert one(other, "ConfigMap", "flywheel-config") == config
+        for kind, name in (
+            ("Deployment", "flywheel-buffer"),
+            ("Deployment", "flywheel-reward"),
+            ("StatefulSet", "flywheel-rollout"),
+        ):
+            assert one(a, kind, name)["spec"] == one(other, kind, name)["spec"], name
+    job_a, job_b, job_c = trainer_job(a), trainer_job(b), trainer_job(c)
+    assert job_a == job_b
+    assert job_c["metadata"]["name"] != job_a["metadata"]["name"]
+    assert job_a["metadata"]["name"] not in config["data"]["flywheel.yaml"]
+    assert selects(one(c, "Service", "flywheel-trainer-0"), kubernetes_pod_labels(job_c, 0))
+    assert not selects(one(c, "Service", "flywheel-trainer-0"), kubernetes_pod_labels(job_a, 0))
 
 
 # --- security (issue 24) ------------------------------------------------------------------

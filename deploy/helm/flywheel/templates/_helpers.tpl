@@ -138,16 +138,17 @@ checksum/secret: {{ include (print .Template.BasePath "/secrets.yaml") . | sha25
 {{- end -}}
 
 {{/* A short hash of the release's values, app version and Secrets. A Job's pod template
-     cannot be changed in place, so the trainer and prepare Jobs carry it in their names:
-     an upgrade that changes any of them replaces the Job (the trainer resumes from its
-     checkpoint; a completed run stays completed), one that changes nothing keeps it. */}}
+     cannot be changed in place, so the prepare Job carries it in its name: an upgrade that
+     changes any of them replaces the Job, one that changes nothing keeps it. The trainer
+     Job is named by the hash of its own spec (`flywheel.trainerJobSpec`), so only what its
+     pods run replaces it (it resumes from its checkpoint; a completed run stays completed). */}}
 {{- define "flywheel.revisionHash" -}}
 {{- $secrets := include (print .Template.BasePath "/secrets.yaml") . | sha256sum -}}
 {{- printf "%s|%s|%s" (toYaml .Values) .Chart.AppVersion $secrets | sha256sum | trunc 6 -}}
 {{- end -}}
 
 {{- define "flywheel.trainerJobName" -}}
-{{- printf "%s-trainer-%s" (include "flywheel.fullname" .) (include "flywheel.revisionHash" .) -}}
+{{- printf "%s-trainer-%s" (include "flywheel.fullname" .) (include "flywheel.trainerJobSpec" . | sha256sum | trunc 6) -}}
 {{- end -}}
 
 {{/* The trainer's pod 0 (rank 0, the rendezvous, the gRPC service) by a name that is the
