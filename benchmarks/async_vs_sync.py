@@ -75,6 +75,9 @@ LOSS_STATS = (
 )
 
 
+PROX_METHODS = ("recompute", "loglinear", "linear", "metrics")
+
+
 @dataclass(frozen=True)
 class Arm:
     eta: int
@@ -95,6 +98,16 @@ def arms_of(etas: list[int], methods: list[str]) -> list[Arm]:
                 continue
             out.append(Arm(eta, m))
     return out
+
+
+def parse_arm(spec: str) -> Arm:
+    """`ETA:METHOD` (e.g. `8:loglinear`), for sweeps that need only some combinations."""
+    eta, sep, method = spec.partition(":")
+    if not sep or not eta.isdigit() or method not in PROX_METHODS:
+        raise SystemExit(
+            f"--arms {spec!r}: write ETA:METHOD, METHOD one of {', '.join(PROX_METHODS)}"
+        )
+    return Arm(int(eta), method)
 
 
 def write_data(root: Path, seed: int = 1) -> tuple[Path, Path]:
@@ -184,9 +197,18 @@ def run_once(
     model: Path | None,
     args: argparse.Namespace,
 ) -> dict[str, Any]:
-    """One run to `--max-steps`, then its fixed-version evaluation."""
-    path = run_config(root, arm, seed, train, args)
+    """One run to `--max-steps`, then its fixed-version evaluation. A finished run of the
+    same config already in `root` (`--keep`) is evaluated again, not run again."""
+    path = root / f"{arm.name}-s{seed}.yaml"
+    before = path.read_text() if path.exists() else None
     run_dir = root / "bench" / f"{arm.name}-s{seed}"
+    done = read_jsonl(run_dir / "metrics.jsonl") if run_dir.exists() else []
+    path = run_config(root, arm, seed, train, args)
+    if before == path.read_text() and done and done[-1]["step"] >= args.max_steps:
+        print(f"{arm.name} seed {seed}: reusing the finished run in {run_dir}", file=sys.stderr)
+        return evaluate_run(path, run_dir, seed, valid_rows, args)
+    if run_dir.exists():
+        shutil.rmtree(run_dir)  # an unfinished or differently configured run
     if model is not None:
         shutil.copytree(model, run_dir / "model")
     # PYTHONPATH: the services of this checkout, whatever the environment has installed.
@@ -206,6 +228,18 @@ def run_once(
     if proc.returncode != 0 or not records or records[-1]["step"] < args.max_steps:
         tail = log_path.read_text()[-3000:]
         raise SystemExit(f"run {arm.name} seed {seed} failed ({proc.returncode}):\n{tail}")
+    return evaluate_run(path, run_dir, seed, valid_rows, args)
+
+
+def evaluate_run(
+    path: Path,
+    run_dir: Path,
+    seed: int,
+    valid_rows: list[dict[str, Any]],
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """Score a finished run's published versions and read its records."""
+    records = read_jsonl(run_dir / "metrics.jsonl")
     t0 = rollout_ready_time(run_dir)
     by_step = {int(r["step"]): r for r in records}
     versions = sorted(
@@ -388,7 +422,13 @@ def main() -> None:
         "--prox-methods",
         nargs="+",
         default=["recompute"],
-        choices=["recompute", "loglinear", "linear", "metrics"],
+        choices=PROX_METHODS,
+    )
+    parser.add_argument(
+        "--arms",
+        nargs="+",
+        metavar="ETA:METHOD",
+        help="exactly these arms (e.g. 0:recompute 8:loglinear) instead of --etas x --prox-methods",
     )
     parser.add_argument("--target", type=float, default=DEFAULT_TARGET)
     parser.add_argument("--max-steps", type=int, default=50)
@@ -412,7 +452,7 @@ def main() -> None:
     )
     parser.add_argument("--keep", type=Path, default=None, help="keep the runs in this directory")
     args = parser.parse_args()
-    arms = arms_of(args.etas, args.prox_methods)
+    arms = [parse_arm(a) for a in args.arms] if args.arms else arms_of(args.etas, args.prox_methods)
     start = time.monotonic()
     tmp = tempfile.mkdtemp(prefix="flywheel-bench-") if args.keep is None else None
     root = Path(tmp) if tmp else args.keep.resolve()

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from async_vs_sync import Arm, arms_of, crossing, summarise  # noqa: E402
+from async_vs_sync import Arm, arms_of, crossing, parse_arm, summarise  # noqa: E402
 
 
 def test_crossing_interpolates_between_the_two_evaluations_around_it() -> None:
@@ -32,6 +32,13 @@ def test_eta_zero_runs_once_whatever_the_methods() -> None:
         Arm(2, "loglinear"),
     ]
     assert Arm(4, "loglinear").name == "eta4-loglinear"
+
+
+def test_arm_specs_name_one_combination_each() -> None:
+    assert parse_arm("8:loglinear") == Arm(8, "loglinear")
+    for bad in ("8", "x:recompute", "2:nope", ":recompute"):
+        with pytest.raises(SystemExit, match="ETA:METHOD"):
+            parse_arm(bad)
 
 
 def run(seed: int, accs: list[float], seconds: list[float], sps: float) -> dict[str, Any]:
