@@ -56,12 +56,13 @@ local function expire_reservations(now)
   local n = redis.call('ZREMRANGEBYSCORE', RESV, '-inf', int(now))
   if n > 0 then redis.call('HINCRBY', CTR, 'reservations_expired', n) end
 end
-local function capacity(v, mcr, bs, eta)
+local function capacity(v, mcr, bs, eta, qs)
   local running = redis.call('ZCARD', RESV)
   local accepted = counter('accepted')
   local by_concurrency = mcr - running
   local by_staleness = (eta + v + 1) * bs - (accepted + running)
-  local cap = math.min(by_concurrency, by_staleness)
+  local by_queue = qs - (redis.call('ZCARD', PENDING) + running)
+  local cap = math.min(by_concurrency, by_staleness, by_queue)
   if cap < 0 then cap = 0 end
   return cap, running, accepted
 end
@@ -367,8 +368,8 @@ return back
 """
 )
 
-# ARGV: P, count, max_concurrent_rollouts, consumer_batch_size, eta, request_id, rollout_id,
-#       reservation_ttl_ms, rq_ttl_s, served_version ('' = not given)
+# ARGV: P, count, max_concurrent_rollouts, consumer_batch_size, eta, queue_size, request_id,
+#       rollout_id, reservation_ttl_ms, rq_ttl_s, served_version ('' = not given)
 # -> {version, capacity_after, replayed(0|1), id...}
 # The staleness term counts from min(version, served_version): the version the asking
 # replica's weights hold, if older than the trainer's (see the proto's ReserveCapacityRequest).
@@ -376,21 +377,22 @@ RESERVE = (
     PRELUDE
     + r"""
 local count, mcr, bs, eta = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local rid, rollout, ttl, rq_ttl = ARGV[6], ARGV[7], tonumber(ARGV[8]), tonumber(ARGV[9])
+local qs = tonumber(ARGV[6])
+local rid, rollout, ttl, rq_ttl = ARGV[7], ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10])
 local now = now_ms()
 expire_reservations(now)
 local v = version()
 local cv = v
-if ARGV[10] and ARGV[10] ~= '' then cv = math.min(v, tonumber(ARGV[10])) end
+if ARGV[11] and ARGV[11] ~= '' then cv = math.min(v, tonumber(ARGV[11])) end
 if rid ~= '' then
   local prev = redis.call('GET', rqkey('reserve', rid))
   if prev then
-    local out = {int(v), int(capacity(cv, mcr, bs, eta)), 1}
+    local out = {int(v), int(capacity(cv, mcr, bs, eta, qs)), 1}
     for id in string.gmatch(prev, '[^\n]+') do table.insert(out, id) end
     return out
   end
 end
-local cap = capacity(cv, mcr, bs, eta)
+local cap = capacity(cv, mcr, bs, eta, qs)
 local grant = math.min(count, cap)
 local out = {int(v), int(cap - grant), 0}
 local ids = {}
@@ -430,14 +432,16 @@ return released
 """
 )
 
-# ARGV: P, max_concurrent_rollouts, consumer_batch_size, eta -> {capacity, version, running, accepted}
+# ARGV: P, max_concurrent_rollouts, consumer_batch_size, eta, queue_size
+#   -> {capacity, version, running, accepted}
 CAPACITY = (
     PRELUDE
     + r"""
 local mcr, bs, eta = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local qs = tonumber(ARGV[5])
 expire_reservations(now_ms())
 local v = version()
-local cap, running, accepted = capacity(v, mcr, bs, eta)
+local cap, running, accepted = capacity(v, mcr, bs, eta, qs)
 return {int(cap), int(v), int(running), int(accepted)}
 """
 )
@@ -457,15 +461,16 @@ return {1, int(new)}
 )
 
 # One consistent snapshot of everything the invariant and the metrics need.
-# ARGV: P, max_concurrent_rollouts, consumer_batch_size, eta
+# ARGV: P, max_concurrent_rollouts, consumer_batch_size, eta, queue_size
 # -> {version, pending, in_flight, capacity, running, accepted, retained, k1, v1, k2, v2, ...}
 STATS = (
     PRELUDE
     + r"""
 local mcr, bs, eta = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local qs = tonumber(ARGV[5])
 expire_reservations(now_ms())
 local v = version()
-local cap, running, accepted = capacity(v, mcr, bs, eta)
+local cap, running, accepted = capacity(v, mcr, bs, eta, qs)
 local out = {int(v), redis.call('ZCARD', PENDING), redis.call('ZCARD', INFLIGHT), int(cap),
              int(running), int(accepted), redis.call('ZCARD', RETAINED)}
 local all = redis.call('HGETALL', CTR)

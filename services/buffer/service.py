@@ -57,11 +57,13 @@ def store_settings(
 ) -> StoreSettings:
     """The store's view of the config; a replay store has its own prefix, no staleness
     check and no storage limits (the file is what it is)."""
+    concurrency = rollout.max_concurrent_rollouts or rollout.consumer_batch_size
     return StoreSettings(
         prefix=f"{prefix}:replay" if replay else prefix,
         max_head_offpolicyness=rollout.max_head_offpolicyness,
         consumer_batch_size=rollout.consumer_batch_size,
-        max_concurrent_rollouts=rollout.max_concurrent_rollouts or rollout.consumer_batch_size,
+        max_concurrent_rollouts=concurrency,
+        queue_size=rollout.queue_size or 16 * concurrency,
         max_stored_groups=_UNLIMITED if replay else buffer.max_stored_groups,
         max_stored_bytes=_UNLIMITED if replay else buffer.max_stored_bytes,
         claim_idle_ms=buffer.claim_idle_ms,

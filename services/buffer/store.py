@@ -49,6 +49,9 @@ class StoreSettings:
     max_head_offpolicyness: int
     consumer_batch_size: int
     max_concurrent_rollouts: int
+    queue_size: int = 1 << 40
+    """Most groups put and not yet claimed plus groups being generated (AReaL's output queue
+    bound): the rollout runs ahead of the trainer only this far, whatever η allows."""
     max_stored_groups: int = 1024
     max_stored_bytes: int = 1 << 30
     claim_idle_ms: int = 300_000
@@ -318,9 +321,9 @@ class RedisStore:
         return _s(r[0]) == "counted", int(r[1])
 
     # -- capacity ----------------------------------------------------------------------
-    def _capacity_args(self) -> tuple[int, int, int]:
+    def _capacity_args(self) -> tuple[int, int, int, int]:
         s = self.settings
-        return s.max_concurrent_rollouts, s.consumer_batch_size, s.eta
+        return s.max_concurrent_rollouts, s.consumer_batch_size, s.eta, s.queue_size
 
     async def reserve(
         self,

@@ -95,6 +95,43 @@ async def test_capacity_counts_from_the_version_the_replica_serves(make_store) -
     assert (c.capacity, c.running, c.version) == (0, 10, 3)
 
 
+async def test_queue_size_bounds_the_lookahead_whatever_eta_allows(make_store) -> None:
+    """AReaL's WorkflowExecutor bounds its output queue at `queue_size or
+    max_concurrent_rollouts * 16` trajectories (areal/api/workflow_api.py): finished work the
+    trainer has not taken back-pressures the rollout. Here the bound counts groups put and
+    unclaimed plus groups being generated, so with queue_size = B the rollout holds at most
+    one batch ahead however far eta would let it run."""
+    # eta = 2, B = 2, mcr = 8, queue_size = 2:
+    # capacity = min(8 - run, (2 + v + 1) * 2 - (acc + run), 2 - (pending + run))
+    store = make_store(
+        max_head_offpolicyness=2, consumer_batch_size=2, max_concurrent_rollouts=8, queue_size=2
+    )
+    c = await store.capacity()
+    assert (c.capacity, c.running) == (2, 0)  # min(8, 6, 2): the queue term binds
+    r = await store.reserve(count=8, rollout_id="r")
+    assert len(r.reservation_ids) == 2 and r.capacity == 0
+    for i, rid in enumerate(r.reservation_ids):
+        assert (await put(store, f"a{i}", 0, rid)).result == "admitted"
+    assert (await store.capacity()).capacity == 0  # two pending: min(8, 4, 0)
+    out = await store.claim(consumer_id="t", n_groups=2, allow_partial=False)
+    assert len(out.groups) == 2
+    # Claimed groups leave the queue: the next batch may start at once, before the ack and
+    # before the version moves (eta's term alone, (2 + 0 + 1) * 2 - 2 = 4, allows more).
+    assert (await store.capacity()).capacity == 2
+    assert await store.ack([g.group_id for g in out.groups]) == 2
+    r2 = await store.reserve(count=8, rollout_id="r")
+    assert len(r2.reservation_ids) == 2  # min(8, 4, 2)
+    # Without a queue bound eta's term governs: the same state grants 4 - 2 = 2 more.
+    unbounded = make_store(
+        prefix="{test:exp:trial}:unbounded",
+        max_head_offpolicyness=2,
+        consumer_batch_size=2,
+        max_concurrent_rollouts=8,
+    )
+    assert len((await unbounded.reserve(count=8, rollout_id="r")).reservation_ids) == 6
+    assert (await store.stats()).invariant_ok
+
+
 async def test_synchronous_mode_blocks_rollout_until_the_trainer_steps(make_store) -> None:
     # eta = 0, B = 2: capacity (0+v+1)*2 - (accepted+running) allows one batch per version
     store = make_store(max_head_offpolicyness=0, consumer_batch_size=2, max_concurrent_rollouts=8)

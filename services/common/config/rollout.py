@@ -43,7 +43,9 @@ class RolloutConfig(FlywheelModel):
     `consumer_batch_size`."""
 
     queue_size: int | None = Field(default=None, ge=1)
-    """Capacity of the rollout's input/output queues; null derives it from concurrency."""
+    """Most groups put and not yet claimed plus groups being generated, over all replicas
+    (AReaL's output-queue bound): how far the rollout runs ahead of the trainer, whatever η
+    allows; null is 16 x `max_concurrent_rollouts`, as AReaL."""
 
     consumer_batch_size: int = Field(default=1, ge=1)
     """Groups the trainer consumes per step; the unit of the staleness budget."""
