@@ -1,18 +1,22 @@
 """Asynchronous vs synchronous RL over several seeds: accuracy per sample and time to target.
 
-Each arm is the demo's configuration (examples/demo.yaml) with one staleness bound η
+Each arm is one configuration (`--config`, default the demo's examples/demo.yaml) with one
+staleness bound η
 (`rollout.max_head_offpolicyness`) and one `actor.prox_logp_method`; η = 0 is the
 synchronous baseline. Every arm runs once per seed (`--seeds`, the same seeds for every
 arm, seed-major so slow phases of a shared machine fall on every arm alike), `--max-steps`
 trainer steps each, with rollout and trainer pinned to separate cores (`taskset`), as
-separate GPU pools would be. All runs share one data set (the demo's arithmetic splits) and
-one warm-started model; the seed sets the run's data order and sampling.
+separate GPU pools would be. All runs share one data set (the demo's arithmetic splits, or
+the config's files) and one starting model (the demo's warm start, trained once, or the
+config's `actor.path`); the seed sets the run's data order and sampling. Every arm keeps the
+config's learning-rate schedule (over its `total_train_steps`) whatever `--max-steps` is.
 
 Evaluation is not done during the runs. Every run keeps each published weight version
 (`trainer.keep_weight_versions`), and after it ends `version_eval.py` scores versions 0,
 `--eval-every`, 2·`--eval-every`, ... on the `--eval-prompts` held-out prompts (T = 1, one
-sample each, the same sampling seeds for every arm), so "step N" is exactly version N in
-every arm and the evaluations cost the runs nothing.
+sample each, the same sampling seeds for every arm; a split smaller than `--eval-prompts` is
+cycled, each repeat with its own seed), so "step N" is exactly version N in every arm and the
+evaluations cost the runs nothing. A kept run holds only the versions it was scored at.
 
 Per arm the JSON line gives, at each evaluated version: trained samples, seconds since the
 rollout service was ready, and the accuracy's mean with its 95 % t interval over seeds
@@ -26,6 +30,8 @@ both runs reached the target (`speedup_seeds`).
 
     python benchmarks/async_vs_sync.py                          # sync vs η = 2, 3 seeds
     python benchmarks/async_vs_sync.py --etas 0 1 2 4 8 --prox-methods recompute loglinear
+    python benchmarks/async_vs_sync.py --config examples/smollm2_math.yaml --target 0.8 \
+        --max-steps 20 --eval-prompts 160
 
 Prints one JSON line and draws accuracy against trained samples and against seconds for
 every arm (`--plot`).
@@ -53,6 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ci95 import mean_ci  # noqa: E402
 from version_eval import score_versions  # noqa: E402
 
+from services.common.model_source import resolve_model_path  # noqa: E402
 from services.doctor.evidence import read_jsonl  # noqa: E402
 from services.rollout.data import arithmetic  # noqa: E402
 from services.rollout.data.arithmetic import write_jsonl  # noqa: E402
@@ -62,8 +69,6 @@ DEMO = ROOT / "examples" / "demo.yaml"
 DEFAULT_TARGET = 0.6
 """Held-out accuracy (T = 1) to time; the demo starts near 0.2 and passes 0.6 in its first
 30-50 steps."""
-SCHEDULE_STEPS = 275
-"""The demo's cosine spans its 275 steps; every arm keeps that schedule whatever the cap."""
 LOSS_STATS = (
     "behave_imp_weight/avg",
     "behave_imp_weight/max",
@@ -110,9 +115,12 @@ def parse_arm(spec: str) -> Arm:
     return Arm(int(eta), method)
 
 
-def write_data(root: Path, seed: int = 1) -> tuple[Path, Path]:
-    """The demo's splits (its seed 1), written once and shared by every run."""
-    cfg = yaml.safe_load(DEMO.read_text())
+def write_data(root: Path, config: Path, seed: int = 1) -> tuple[Path, Path]:
+    """The config's splits: the built-in arithmetic ones (the demo's, its seed 1) written
+    once and shared by every run, or the config's own files."""
+    cfg = yaml.safe_load(config.read_text())
+    if cfg["train_dataset"].get("builtin") != "arithmetic":
+        return (ROOT / cfg["train_dataset"]["path"], ROOT / cfg["valid_dataset"]["path"])
     train, valid = root / "data" / "train.jsonl", root / "data" / "valid.jsonl"
     write_jsonl(
         train, arithmetic.generate_split("train", cfg["train_dataset"]["builtin_size"], seed=seed)
@@ -124,7 +132,8 @@ def write_data(root: Path, seed: int = 1) -> tuple[Path, Path]:
 
 
 def run_config(root: Path, arm: Arm, seed: int, train: Path, args: argparse.Namespace) -> Path:
-    cfg: dict[str, Any] = yaml.safe_load(DEMO.read_text())
+    cfg: dict[str, Any] = yaml.safe_load(args.config.read_text())
+    schedule_steps = cfg["total_train_steps"]
     cores = os.cpu_count() or 1
     cfg.update(
         experiment_name="bench",
@@ -135,7 +144,7 @@ def run_config(root: Path, arm: Arm, seed: int, train: Path, args: argparse.Name
     cfg["cluster"] = {"fileroot": str(root)}
     cfg["train_dataset"] = {"path": str(train), "type": "rl"}
     cfg["valid_dataset"] = None  # scored afterwards on fixed versions (version_eval.py)
-    launcher = cfg["launcher"]
+    launcher = cfg.setdefault("launcher", {})
     launcher["progress"] = False
     launcher["rollout_cpus"] = [0] if cores > 1 else None
     launcher["trainer_cpus"] = [1] if cores > 1 else None
@@ -143,7 +152,7 @@ def run_config(root: Path, arm: Arm, seed: int, train: Path, args: argparse.Name
     cfg["actor"]["prox_logp_method"] = arm.prox
     trainer = cfg["trainer"]
     trainer["save_freq_steps"] = None
-    trainer["lr_schedule_steps"] = SCHEDULE_STEPS
+    trainer["lr_schedule_steps"] = schedule_steps
     trainer["keep_weight_versions"] = args.max_steps + 1
     for item in args.set or []:
         apply_override(cfg, item)
@@ -228,7 +237,32 @@ def run_once(
     if proc.returncode != 0 or not records or records[-1]["step"] < args.max_steps:
         tail = log_path.read_text()[-3000:]
         raise SystemExit(f"run {arm.name} seed {seed} failed ({proc.returncode}):\n{tail}")
+    prune_versions(run_dir / "weights", set(eval_versions(args)))
     return evaluate_run(path, run_dir, seed, valid_rows, args)
+
+
+def eval_versions(args: argparse.Namespace) -> list[int]:
+    return sorted({0, *range(args.eval_every, args.max_steps + 1, args.eval_every), args.max_steps})
+
+
+def prune_versions(weight_dir: Path, keep: set[int]) -> None:
+    """Delete the published versions that will not be scored: a SmolLM2 version is 538 MB."""
+    for d in weight_dir.glob("v[0-9]*"):
+        if d.is_dir() and d.name[1:].isdigit() and int(d.name[1:]) not in keep:
+            shutil.rmtree(d)
+
+
+def start_model(run_dir: Path, cfg: dict[str, Any]) -> Path:
+    """The weights version 0 is: the run's warm start, or the config's model."""
+    sft = run_dir / "model" / "sft"
+    return sft if sft.is_dir() else Path(resolve_model_path(cfg["actor"]["path"]))
+
+
+def eval_rows(rows: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+    """`n` rows: the first `n`, or the split cycled (each repeat samples with its own seed)."""
+    if not rows:
+        raise SystemExit("the held-out split is empty")
+    return (rows * math.ceil(n / len(rows)))[:n]
 
 
 def evaluate_run(
@@ -242,12 +276,10 @@ def evaluate_run(
     records = read_jsonl(run_dir / "metrics.jsonl")
     t0 = rollout_ready_time(run_dir)
     by_step = {int(r["step"]): r for r in records}
-    versions = sorted(
-        {0, *range(args.eval_every, args.max_steps + 1, args.eval_every), args.max_steps}
-    )
+    versions = eval_versions(args)
     cfg = yaml.safe_load(path.read_text())
     scores = score_versions(
-        run_dir / "model" / "sft",
+        start_model(run_dir, cfg),
         run_dir / "weights",
         versions,
         valid_rows,
@@ -417,6 +449,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--config", type=Path, default=DEMO, help="the arms' base config")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--etas", type=int, nargs="+", default=[0, 2])
     parser.add_argument(
@@ -453,20 +486,22 @@ def main() -> None:
     )
     parser.add_argument("--keep", type=Path, default=None, help="keep the runs in this directory")
     args = parser.parse_args()
+    args.config = args.config.resolve()
     arms = [parse_arm(a) for a in args.arms] if args.arms else arms_of(args.etas, args.prox_methods)
     start = time.monotonic()
     tmp = tempfile.mkdtemp(prefix="flywheel-bench-") if args.keep is None else None
     root = Path(tmp) if tmp else args.keep.resolve()
     root.mkdir(parents=True, exist_ok=True)
     try:
-        train, valid = write_data(root)
-        valid_rows = read_jsonl(valid)[: args.eval_prompts]
+        train, valid = write_data(root, args.config)
+        valid_rows = eval_rows(read_jsonl(valid), args.eval_prompts)
         model = args.warm_model
         runs: dict[str, list[dict[str, Any]]] = {a.name: [] for a in arms}
         for seed in args.seeds:
             for arm in arms:
                 runs[arm.name].append(run_once(root, arm, seed, train, valid_rows, model, args))
-                model = root / "bench" / f"{arm.name}-s{seed}" / "model"
+                made = root / "bench" / f"{arm.name}-s{seed}" / "model"
+                model = made if made.is_dir() else model  # a warm start, trained once
                 print(f"{arm.name} seed {seed}: {runs[arm.name][-1]['curve']}", file=sys.stderr)
     finally:
         if tmp:
@@ -483,6 +518,7 @@ def main() -> None:
             _round(
                 {
                     "bench": "async_vs_sync",
+                    "config": str(args.config),
                     "baseline": baseline,
                     "seeds": args.seeds,
                     "target_accuracy": args.target,

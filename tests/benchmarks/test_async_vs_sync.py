@@ -13,7 +13,19 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from async_vs_sync import Arm, arms_of, crossing, parse_arm, summarise  # noqa: E402
+from async_vs_sync import (  # noqa: E402
+    ROOT,
+    Arm,
+    arms_of,
+    crossing,
+    eval_rows,
+    parse_arm,
+    prune_versions,
+    summarise,
+    write_data,
+)
+
+from services.trainer.weight_sync import version_dir  # noqa: E402
 
 
 def test_crossing_interpolates_between_the_two_evaluations_around_it() -> None:
@@ -92,3 +104,32 @@ def test_an_arm_below_the_baseline_interval_is_flagged_and_unreached_seeds_dropp
     # 5 + 5 * 0.3 / 0.35 = 9.2857 s: 14.1176 / 9.2857 = 1.5204, no interval from one seed
     assert out["speedup"]["mean"] == pytest.approx(1.520362, abs=1e-6)
     assert out["speedup"]["half_width"] is None
+
+
+def test_a_small_split_is_cycled_to_the_evaluation_size() -> None:
+    rows = [{"id": i} for i in range(3)]
+    assert [r["id"] for r in eval_rows(rows, 7)] == [0, 1, 2, 0, 1, 2, 0]
+    assert [r["id"] for r in eval_rows(rows, 2)] == [0, 1]
+    with pytest.raises(SystemExit, match="empty"):
+        eval_rows([], 5)
+
+
+def test_only_the_scored_versions_stay_on_disk(tmp_path: Path) -> None:
+    # the directories the disk transport itself names (weight_sync.version_dir)
+    for v in range(7):
+        version_dir(tmp_path, v).mkdir(parents=True)
+    (tmp_path / "notes").mkdir()  # not a version: left alone
+    prune_versions(tmp_path, {0, 5, 6})
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [version_dir(tmp_path, v).name for v in (0, 5, 6)] + ["notes"]
+    )
+
+
+def test_a_config_with_its_own_files_uses_them(tmp_path: Path) -> None:
+    train, valid = write_data(tmp_path, ROOT / "examples" / "smollm2_math.yaml")
+    assert train == ROOT / "examples/data/smollm2_sums/train.jsonl" and train.is_file()
+    assert valid == ROOT / "examples/data/smollm2_sums/valid.jsonl" and valid.is_file()
+    assert not (tmp_path / "data").exists()  # nothing generated
+    train, valid = write_data(tmp_path, ROOT / "examples" / "demo.yaml")
+    assert train == tmp_path / "data" / "train.jsonl" and train.is_file()
+    assert len(valid.read_text().splitlines()) == 500  # the demo's held-out split
