@@ -64,9 +64,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from services.buffer.client import BufferClient  # noqa: E402
-from services.common.codec import Trajectory, TrajectoryGroup, group_to_proto  # noqa: E402
+from services.common.codec import group_to_proto  # noqa: E402
 from services.common.grpc_client import wait_for_health  # noqa: E402
 from services.common.redis_server import RedisServer, free_port  # noqa: E402
+from services.core.types import Trajectory, TrajectoryGroup  # noqa: E402
 
 
 def make_group(gid: str, samples: int, tokens: int, rng: np.random.Generator) -> TrajectoryGroup:

@@ -32,14 +32,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from services.common.config import RewardConfig  # noqa: E402
+from services.core.types import RewardStatus, ScoreRequest  # noqa: E402
 from services.reward.builtins import gsm8k_reward  # noqa: E402
-from services.reward.client import RewardClient, RewardStatus, ScoreItem  # noqa: E402
+from services.reward.client import RewardClient  # noqa: E402
 from services.reward.service import RewardParts, RewardService  # noqa: E402
 
 HANG = "\\boxed{9^{9^{9^{9}}}}"
 
 
-def make_items(prompts: int, samples: int, seed: int) -> list[ScoreItem]:
+def make_items(prompts: int, samples: int, seed: int) -> list[ScoreRequest]:
     """Worked solutions as models write them; the answer right about half of the time."""
     rng = random.Random(seed)
     items = []
@@ -57,11 +58,11 @@ def make_items(prompts: int, samples: int, seed: int) -> list[ScoreItem]:
                 f"Then add {c}, giving {a * b} + {c}. Let me double-check: {a} x {b} is "
                 f"{a * b}, and adding {c} makes it {got}.\n{ending}"
             )
-            items.append(ScoreItem(completion=text, answer=answer, prompt=f"Q{p}"))
+            items.append(ScoreRequest(completion=text, answer=answer, prompt=f"Q{p}"))
     return items
 
 
-def in_process(items: list[ScoreItem]) -> tuple[float, list[float]]:
+def in_process(items: list[ScoreRequest]) -> tuple[float, list[float]]:
     gsm8k_reward("", "#### 1", [], [], "1")  # import and warm up, as the workers do
     start = time.perf_counter()
     rewards = [gsm8k_reward(i.prompt, str(i.completion), [], [], i.answer) for i in items]
@@ -69,12 +70,12 @@ def in_process(items: list[ScoreItem]) -> tuple[float, list[float]]:
 
 
 async def through_service(
-    client: RewardClient, items: list[ScoreItem], batch: int, in_flight: int
+    client: RewardClient, items: list[ScoreRequest], batch: int, in_flight: int
 ) -> tuple[float, list[float]]:
     parts = [items[k : k + batch] for k in range(0, len(items), batch)]
     gate = asyncio.Semaphore(in_flight)
 
-    async def send(part: list[ScoreItem]) -> list[float]:
+    async def send(part: list[ScoreRequest]) -> list[float]:
         async with gate:
             out = await client.score_batch(part, fn="gsm8k")
         if any(o.status is not RewardStatus.OK for o in out):
@@ -99,7 +100,7 @@ async def overshoot(
         async def one() -> float:
             t0 = time.perf_counter()
             out = await client.score(
-                ScoreItem(completion=HANG, answer="1"), fn="math", deadline_s=deadline_ms / 1000
+                ScoreRequest(completion=HANG, answer="1"), fn="math", deadline_s=deadline_ms / 1000
             )
             waited = time.perf_counter() - t0
             if out.status is not RewardStatus.TIMEOUT:

@@ -64,7 +64,7 @@ def hf_generate_tps(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int) 
 
 
 async def engine_tps(engine, batch_ids: list[list[int]], new_tokens: int) -> float:  # noqa: ANN001
-    from services.rollout.types import SamplingParams
+    from services.core.types import SamplingParams
 
     sp = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True, temperature=1.0)
     t0 = time.perf_counter()
@@ -83,7 +83,7 @@ def free_port() -> int:
 async def update_during_generation(engine, batch_ids, do_update):  # noqa: ANN001
     """Start a batch, apply an update after a few steps, return the UpdateResult. The batch
     is long (384 new tokens, ~0.7 s here) so that even a slow disk read lands mid-generation."""
-    from services.rollout.types import SamplingParams
+    from services.core.types import SamplingParams
 
     sp = SamplingParams(max_new_tokens=384, ignore_eos=True)
     gen = asyncio.gather(*(engine.agenerate(p, sp) for p in batch_ids))

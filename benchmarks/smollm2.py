@@ -117,7 +117,7 @@ def hf_generate_tps(model: torch.nn.Module, prompts: list[list[int]], new_tokens
 
 
 async def engine_tps(engine: Any, prompts: list[list[int]], new_tokens: int) -> float:
-    from services.rollout.types import SamplingParams
+    from services.core.types import SamplingParams
 
     sp = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, ignore_eos=True)
     t0 = time.perf_counter()
@@ -228,7 +228,7 @@ def grpo_groups(prompts: list[list[int]], group: int, new_tokens: int) -> list[A
     alternating 0/1 so that every group has non-zero normalised advantages."""
     import numpy as np
 
-    from services.common.codec import Trajectory, TrajectoryGroup
+    from services.core.types import Trajectory, TrajectoryGroup
 
     rng = np.random.default_rng(0)
     out = []

@@ -307,7 +307,7 @@ async def engine_inline(
 ) -> float:
     """Run the paused engine's steps in this thread until the requests finish; seconds of
     `clock` they took."""
-    from services.rollout.types import SamplingParams
+    from services.core.types import SamplingParams
 
     sp = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, ignore_eos=True)
     tasks = [asyncio.create_task(engine.agenerate(p, sp)) for p in prompts]

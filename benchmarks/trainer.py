@@ -40,7 +40,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from services.common.codec import Trajectory, TrajectoryGroup  # noqa: E402
+from services.core.types import Trajectory, TrajectoryGroup  # noqa: E402
 
 
 def make_groups(

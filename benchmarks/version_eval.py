@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from services.core.types import SamplingParams
 from services.reward.registry import RewardRegistry, load_callable
 from services.rollout.data.datasets import render_prompt
 from services.rollout.engine.torch_engine import TorchEngine
-from services.rollout.types import SamplingParams
 from services.trainer.weight_sync import version_dir
 
 

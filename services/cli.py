@@ -98,7 +98,7 @@ def _check_buffer_filter(cfg: FlywheelConfig) -> None:
 
 
 def _check_should_accept(cfg: FlywheelConfig) -> None:
-    from services.trainer.algorithms.filters import resolve_should_accept
+    from services.core.filters import resolve_should_accept
 
     resolve_should_accept(cfg.actor.should_accept_fn)
 

@@ -1,5 +1,5 @@
-"""services/api.py: the contracts import without torch, the old import paths name the same
-objects, `load_dotted` says what is wrong, and the filter adapter keeps its promises."""
+"""services/api.py: the contracts import without torch, `load_dotted` says what is wrong,
+and the filter adapter keeps its promises."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from services import api
-from services.common.codec import TrajectoryGroup
+from services.core.types import TrajectoryGroup
 from services.rollout.workflows.base import build_trajectory
 from tests.fresh_python import run_fresh
 
@@ -18,29 +18,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_contracts_import_without_torch() -> None:
     code = (
-        "import sys; import services.api, services.buffer.filters, services.reward.registry; "
+        "import sys; import services.api, services.core.filters, services.buffer.filters; "
+        "import services.reward.registry; "
         "import services.rollout.workflows.base; "
         "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if 'torch' in m)[:5]"
     )
     out = run_fresh(code)
     assert out.returncode == 0, out.stderr
-
-
-def test_old_import_paths_name_the_same_objects() -> None:
-    from services.reward.registry import RewardFn
-    from services.rollout.workflows import RolloutWorkflow, WorkflowContext
-    from services.trainer.algorithms.gae_lambda import GaeLambdaFn
-    from services.trainer.algorithms.registry import RegistryError
-    from services.trainer.algorithms.surrogates import Surrogate, SurrogateOutput, SurrogateParams
-
-    assert RewardFn is api.RewardFn and RolloutWorkflow is api.RolloutWorkflow
-    assert WorkflowContext is api.WorkflowContext and GaeLambdaFn is api.GaeLambdaFn
-    assert (Surrogate, SurrogateOutput, SurrogateParams) == (
-        api.Surrogate,
-        api.SurrogateOutput,
-        api.SurrogateParams,
-    )
-    assert issubclass(RegistryError, api.DottedPathError)
 
 
 def test_the_engines_implement_the_protocol(tmp_path: Path) -> None:

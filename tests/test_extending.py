@@ -22,11 +22,10 @@ from services.api import (
     load_dotted,
 )
 from services.buffer.filters import resolve_filter
-from services.common.codec import Trajectory
 from services.common.config import PPOActorConfig
+from services.core.types import SamplingParams, Trajectory
 from services.reward.registry import RewardRegistry, load_callable
 from services.rollout.engine.torch_engine import TorchEngine
-from services.rollout.types import SamplingParams
 from services.rollout.workflows.base import build_trajectory, load_workflow
 from services.trainer.algorithms import actor_loss, compute_advantages, should_accept_from_config
 from tests.fixtures_models import tiny_model_dir  # noqa: F401 - fixture

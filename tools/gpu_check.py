@@ -163,10 +163,10 @@ async def engine_figures(
 
     from services.common.model_source import load_tokenizer
     from services.common.weights.manifest import make_manifest, named_parameters_for_update
+    from services.core.types import SamplingParams
     from services.rollout.data.arithmetic import generate_sums
     from services.rollout.data.datasets import render_prompt
     from services.rollout.engine.torch_engine import TorchEngine
-    from services.rollout.types import SamplingParams
 
     tok = load_tokenizer(model_dir)
     rows = generate_sums("train", batch, seed=0)

@@ -24,7 +24,7 @@ import grpc
 
 from flywheel_proto.v1 import buffer_pb2, buffer_pb2_grpc, common_pb2
 from services.buffer import wire
-from services.common.codec import CodecLimits, TrajectoryGroup, group_from_proto, group_to_proto
+from services.common.codec import CodecLimits, group_from_proto, group_to_proto
 from services.common.grpc_client import (
     BACKOFF_CAP_S,
     DEFAULT_OUTAGE_BUDGET_S,
@@ -33,6 +33,8 @@ from services.common.grpc_client import (
     make_channel,
 )
 from services.common.outage import PeerHealth
+from services.core.errors import InvalidGroupError
+from services.core.types import TrajectoryGroup
 
 T = TypeVar("T")
 
@@ -48,10 +50,6 @@ _RESULT_NAMES = {
 
 class BufferClientError(Exception):
     """Base of the errors this client raises on purpose (others are grpc.RpcError)."""
-
-
-class InvalidGroupError(BufferClientError, ValueError):
-    """The buffer refused a group as malformed or oversized (counted as dropped{invalid})."""
 
 
 class BufferFullError(BufferClientError):

@@ -19,12 +19,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from flywheel_proto.v1 import common_pb2
-from services.common.codec import (
-    CodecError,
-    Trajectory,
-    TrajectoryGroup,
-    group_from_proto,
-)
+from services.common.codec import CodecError, group_from_proto
+from services.core.types import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
     from services.buffer.store import GroupSummary, RedisStore

@@ -26,7 +26,6 @@ from google.protobuf.message import DecodeError, Message
 from flywheel_proto.v1 import buffer_pb2, buffer_pb2_grpc, common_pb2
 from services.buffer import wire
 from services.buffer.export import export_jsonl
-from services.buffer.filters import GroupFilter
 from services.buffer.metrics import BufferMetrics
 from services.buffer.payload_cache import PayloadCache
 from services.buffer.store import ClaimedGroup, PutItem, PutOutcome, RedisStore, StatsSnapshot
@@ -39,6 +38,7 @@ from services.buffer.validate import (
 )
 from services.common.aio import wait_condition
 from services.common.codec import CodecError, CodecLimits, group_from_proto
+from services.core.contracts import GroupFilter
 
 log = logging.getLogger(__name__)
 

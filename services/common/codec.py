@@ -1,4 +1,7 @@
-"""Trajectories between Python and the wire, validated on the way in.
+"""The shared types between Python and the wire, trajectories validated on the way in.
+
+The types themselves live in `services.core.types`; this module converts them to and from
+their protobuf messages (`Trajectory`, `TrajectoryGroup`, `SamplingParams`, `Completion`).
 
 Tensors travel as dtype + shape + packed little-endian bytes (never pickle), so a peer in
 any language can read them and a malicious peer cannot execute code. Decoding checks
@@ -10,11 +13,12 @@ violation raises `CodecError` with the reason; callers turn it into INVALID_ARGU
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from flywheel_proto.v1 import common_pb2
+from flywheel_proto.v1 import common_pb2, rollout_pb2
+from services.core.types import Completion, SamplingParams, Trajectory, TrajectoryGroup
 
 _DTYPES: dict[str, np.dtype] = {
     "bool": np.dtype("bool"),
@@ -74,75 +78,6 @@ def tensor_to_array(msg: common_pb2.Tensor, max_elements: int = 1 << 24) -> np.n
             f"byte length {len(msg.data)} != prod(shape {shape}) x itemsize {dtype.itemsize}"
         )
     return np.frombuffer(msg.data, dtype=dtype).reshape(shape).copy()
-
-
-@dataclass
-class Trajectory:
-    """One completion, token-aligned. Field meanings: proto/flywheel/v1/common.proto."""
-
-    trajectory_id: str
-    group_id: str
-    input_ids: np.ndarray
-    loss_mask: np.ndarray
-    logprobs: np.ndarray
-    versions: np.ndarray
-    reward: float
-    no_eos: bool
-    prompt_len: int
-    stop_reason: str = "stop"
-    turn_ids: np.ndarray | None = None
-    metadata: dict[str, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.input_ids = np.asarray(self.input_ids, dtype=np.int64)
-        self.loss_mask = np.asarray(self.loss_mask, dtype=np.int8)
-        self.logprobs = np.asarray(self.logprobs, dtype=np.float32)
-        self.versions = np.asarray(self.versions, dtype=np.int64)
-        if self.turn_ids is not None:
-            self.turn_ids = np.asarray(self.turn_ids, dtype=np.int64)
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.input_ids.shape[0])
-
-    @property
-    def generated_versions(self) -> np.ndarray:
-        return self.versions[self.loss_mask.astype(bool)]
-
-
-@dataclass
-class TrajectoryGroup:
-    """The completions of one prompt: the unit the buffer admits, stores and serves."""
-
-    group_id: str
-    trajectories: list[Trajectory]
-    prompt_id: str = ""
-    reservation_id: str = ""
-    rollout_id: str = ""
-    created_unix_ms: int = 0
-    metadata: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def oldest_version(self) -> int:
-        """Oldest policy version of any generated token (the staleness that matters)."""
-        gens = [t.generated_versions for t in self.trajectories if t.generated_versions.size]
-        return int(min(int(g.min()) for g in gens)) if gens else -1
-
-    @property
-    def newest_version(self) -> int:
-        gens = [t.generated_versions for t in self.trajectories if t.generated_versions.size]
-        return int(max(int(g.max()) for g in gens)) if gens else -1
-
-    @property
-    def rewards(self) -> list[float]:
-        return [t.reward for t in self.trajectories]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(
-            t.input_ids.nbytes + t.loss_mask.nbytes + t.logprobs.nbytes + t.versions.nbytes
-            for t in self.trajectories
-        )
 
 
 def trajectory_to_proto(t: Trajectory) -> common_pb2.Trajectory:
@@ -286,4 +221,65 @@ def group_from_proto(
         rollout_id=msg.rollout_id,
         created_unix_ms=int(msg.created_unix_ms),
         metadata=dict(msg.metadata),
+    )
+
+
+def sampling_to_proto(p: SamplingParams) -> rollout_pb2.SamplingParams:
+    return rollout_pb2.SamplingParams(
+        temperature=p.temperature,
+        top_p=p.top_p,
+        top_k=max(0, min(p.top_k, 2**31 - 1)),
+        greedy=p.greedy,
+        max_new_tokens=p.max_new_tokens,
+        min_new_tokens=p.min_new_tokens,
+        max_tokens=max(0, min(p.max_tokens, 2**31 - 1)),
+        stop_token_ids=list(p.stop_token_ids),
+        stop=list(p.stop),
+        seed=p.seed or 0,
+        has_seed=p.seed is not None,
+        n_samples=p.n_samples,
+        ignore_eos=p.ignore_eos,
+        frequency_penalty=p.frequency_penalty,
+        skip_special_tokens=p.skip_special_tokens,
+    )
+
+
+def sampling_from_proto(msg: rollout_pb2.SamplingParams) -> SamplingParams:
+    """Proto3 zeros mean "unset" for counts: n_samples 0 -> 1, max_new_tokens 0 -> default."""
+    default = SamplingParams()
+    return SamplingParams(
+        n_samples=msg.n_samples or 1,
+        max_new_tokens=msg.max_new_tokens or default.max_new_tokens,
+        min_new_tokens=msg.min_new_tokens,
+        max_tokens=msg.max_tokens,
+        greedy=msg.greedy,
+        temperature=msg.temperature,
+        top_p=msg.top_p or 1.0,
+        top_k=msg.top_k,
+        stop_token_ids=list(msg.stop_token_ids),
+        stop=list(msg.stop),
+        ignore_eos=msg.ignore_eos,
+        frequency_penalty=msg.frequency_penalty,
+        skip_special_tokens=msg.skip_special_tokens,
+        seed=msg.seed if msg.has_seed else None,
+    ).validate()
+
+
+def completion_to_proto(c: Completion) -> rollout_pb2.Completion:
+    return rollout_pb2.Completion(
+        output_ids=c.output_ids,
+        logprobs=c.logprobs,
+        versions=c.versions,
+        stop_reason=c.stop_reason,
+        text=c.text,
+    )
+
+
+def completion_from_proto(msg: rollout_pb2.Completion) -> Completion:
+    return Completion(
+        output_ids=list(msg.output_ids),
+        logprobs=list(msg.logprobs),
+        versions=list(msg.versions),
+        stop_reason=msg.stop_reason,  # type: ignore[arg-type]
+        text=msg.text,
     )

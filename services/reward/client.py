@@ -2,7 +2,7 @@
 
     async with RewardClient("127.0.0.1:50052") as reward:
         outcomes = await reward.score_batch(
-            [ScoreItem(completion=text, answer=row["answer"], prompt=prompt,
+            [ScoreRequest(completion=text, answer=row["answer"], prompt=prompt,
                        completion_ids=ids, kwargs={"level": row["level"]}) for text, ids in ...],
             fn="gsm8k",
         )
@@ -23,11 +23,10 @@ raised, they are statuses.
 from __future__ import annotations
 
 import asyncio
-import enum
 import json
 import uuid
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -35,14 +34,8 @@ import grpc
 from flywheel_proto.v1 import common_pb2, reward_pb2, reward_pb2_grpc
 from services.common.grpc_client import DEFAULT_OUTAGE_BUDGET_S, RetryingClient, make_channel
 from services.common.outage import PeerHealth
-
-
-class RewardStatus(enum.StrEnum):
-    OK = "OK"
-    TIMEOUT = "TIMEOUT"  # the deadline passed; the worker was killed and replaced
-    ERROR = "ERROR"  # the function raised or broke a limit; `message` says what
-    INVALID_INPUT = "INVALID_INPUT"  # not scorable: invalid UTF-8, too large, bad kwargs
-
+from services.core.errors import RewardUnavailableError
+from services.core.types import RewardStatus, ScoreRequest, ScoreResult
 
 _FROM_PROTO = {
     reward_pb2.REWARD_STATUS_OK: RewardStatus.OK,
@@ -50,34 +43,6 @@ _FROM_PROTO = {
     reward_pb2.REWARD_STATUS_ERROR: RewardStatus.ERROR,
     reward_pb2.REWARD_STATUS_INVALID_INPUT: RewardStatus.INVALID_INPUT,
 }
-
-
-@dataclass(frozen=True)
-class ScoreItem:
-    """One completion to score. `kwargs` are the dataset fields the function receives as
-    keyword arguments (JSON-serialisable; not named like a positional parameter)."""
-
-    completion: str | bytes
-    answer: str = ""
-    prompt: str = ""
-    prompt_ids: Sequence[int] = ()
-    completion_ids: Sequence[int] = ()
-    kwargs: Mapping[str, Any] = field(default_factory=dict)
-    fn: str = ""  # "" = the call's `fn`, else the service default
-    deadline_ms: int = 0  # 0 = the call's `deadline_s`, else the service default
-
-
-@dataclass(frozen=True)
-class ScoreOutcome:
-    reward: float  # the function's value when OK, else 0.0 (the caller's policy decides)
-    status: RewardStatus
-    message: str = ""
-    cached: bool = False
-    seconds: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return self.status is RewardStatus.OK
 
 
 @dataclass(frozen=True)
@@ -90,7 +55,7 @@ class FunctionsInfo:
     max_completion_bytes: int
 
 
-class RewardClientError(RuntimeError):
+class RewardClientError(RewardUnavailableError):
     """The RPC failed as a whole (after retries); `code` is the gRPC status code."""
 
     def __init__(self, code: grpc.StatusCode | None, details: str) -> None:
@@ -164,13 +129,13 @@ class RewardClient(RetryingClient):
 
     async def score_batch(
         self,
-        items: Sequence[ScoreItem],
+        items: Sequence[ScoreRequest],
         *,
         fn: str = "",
         deadline_s: float | None = None,
         request_id: str | None = None,
         timeout: float | None = None,
-    ) -> list[ScoreOutcome]:
+    ) -> list[ScoreResult]:
         """Score `items`; one outcome per item, in order. Raises `RewardClientError` only
         when an RPC fails as a whole, `ValueError` for an item that cannot be encoded."""
         if not items:
@@ -181,7 +146,7 @@ class RewardClient(RetryingClient):
         rid = request_id or uuid.uuid4().hex
         parts = [requests[k : k + size] for k in range(0, len(requests), size)]
 
-        async def send(k: int, part: list[reward_pb2.ScoreRequest]) -> list[ScoreOutcome]:
+        async def send(k: int, part: list[reward_pb2.ScoreRequest]) -> list[ScoreResult]:
             part_id = rid if len(parts) == 1 else f"{rid}/{k}"
             resp = await self._call(
                 self._stub.ScoreBatch,
@@ -200,13 +165,13 @@ class RewardClient(RetryingClient):
 
     async def score(
         self,
-        item: ScoreItem,
+        item: ScoreRequest,
         *,
         fn: str = "",
         deadline_s: float | None = None,
         request_id: str | None = None,
         timeout: float | None = None,
-    ) -> ScoreOutcome:
+    ) -> ScoreResult:
         """Score one item (the `Score` RPC)."""
         deadline_ms = int(round(deadline_s * 1000)) if deadline_s is not None else 0
         req = _to_proto(0, item, fn, deadline_ms)
@@ -214,7 +179,7 @@ class RewardClient(RetryingClient):
         return _from_proto(await self._call(self._stub.Score, req, timeout))
 
 
-def _to_proto(index: int, item: ScoreItem, fn: str, deadline_ms: int) -> reward_pb2.ScoreRequest:
+def _to_proto(index: int, item: ScoreRequest, fn: str, deadline_ms: int) -> reward_pb2.ScoreRequest:
     completion = item.completion
     if isinstance(completion, str):
         # surrogatepass: a lone surrogate from a tokenizer reaches the service, which then
@@ -236,10 +201,12 @@ def _to_proto(index: int, item: ScoreItem, fn: str, deadline_ms: int) -> reward_
     )
 
 
-def _from_proto(r: reward_pb2.ScoreResult) -> ScoreOutcome:
-    return ScoreOutcome(
+def _from_proto(r: reward_pb2.ScoreResult) -> ScoreResult:
+    status = _FROM_PROTO.get(r.status, RewardStatus.ERROR)
+    return ScoreResult(
         reward=float(r.reward),
-        status=_FROM_PROTO.get(r.status, RewardStatus.ERROR),
+        ok=status is RewardStatus.OK,
+        status=status,
         message=r.message if r.status in _FROM_PROTO else f"unknown status {r.status}: {r.message}",
         cached=r.cached,
         seconds=float(r.seconds),

@@ -16,9 +16,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from services.api import RewardFn, load_dotted
+from services.core.plugins import load_dotted
 
-__all__ = ["BUILTINS", "RewardFn", "RewardRegistry", "ResolvedFn", "load_callable"]
+__all__ = ["BUILTINS", "RewardRegistry", "ResolvedFn", "load_callable"]
 
 
 BUILTINS: dict[str, str] = {

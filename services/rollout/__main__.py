@@ -77,7 +77,7 @@ def _check(cfg: Any, index: int, eval_only: bool) -> int:
         )
     # What the replica builds before its model: the sampling parameters of every request
     # and, unless it only evaluates, the workflow class its loop runs.
-    from services.rollout.types import SamplingParams
+    from services.core.types import SamplingParams
     from services.rollout.workflows.base import resolve_workflow_class
 
     SamplingParams.from_gconfig(cfg.gconfig)

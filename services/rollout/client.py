@@ -25,10 +25,12 @@ from typing import TYPE_CHECKING, Any, Literal
 import grpc
 
 from flywheel_proto.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
+from services.common.codec import completion_from_proto, sampling_to_proto
 from services.common.grpc_client import OUTAGE, RetryingClient, make_channel, status_code
 from services.common.grpc_server import DEFAULT_MAX_MESSAGE_BYTES
 from services.common.outage import PeerHealth
-from services.rollout.types import Completion, RolloutStatsView, SamplingParams, UpdateResult
+from services.core.types import Completion, SamplingParams
+from services.rollout.types import RolloutStatsView, UpdateResult
 
 if TYPE_CHECKING:  # torch is only needed by callers that send tensors
     import torch
@@ -103,14 +105,16 @@ class RolloutClient(RetryingClient):
         if (prompts is None) == (prompt_ids is None):
             raise ValueError("generate: pass exactly one of prompts= or prompt_ids=")
         sampling = (sampling or SamplingParams()).validate()
-        req = rollout_pb2.GenerateRequest(request_id=_rid(request_id), sampling=sampling.to_proto())
+        req = rollout_pb2.GenerateRequest(
+            request_id=_rid(request_id), sampling=sampling_to_proto(sampling)
+        )
         if prompts is not None:
             req.prompts.extend(prompts)
         else:
             for ids in prompt_ids or ():
                 req.prompt_ids.add(ids=list(ids))
         resp = await self._retrying(self._stub.Generate, req, idempotent=True, timeout=timeout)
-        return GenerateResult([Completion.from_proto(c) for c in resp.completions], resp.version)
+        return GenerateResult([completion_from_proto(c) for c in resp.completions], resp.version)
 
     # ---------------------------------------------------------------- weights
 

@@ -35,11 +35,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.common.aio import stop_task, wait_event
-from services.common.codec import TrajectoryGroup
+from services.core.contracts import RolloutWorkflow
+from services.core.errors import InvalidGroupError, RewardUnavailableError
+from services.core.types import TrajectoryGroup
 from services.rollout.data.datasets import PromptDataset
-from services.rollout.engine.base import InferenceEngine
+from services.rollout.engine.base import EngineBase
 from services.rollout.metrics import RolloutMetrics
-from services.rollout.workflows.base import RolloutWorkflow
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ class RolloutLoop:
     def __init__(
         self,
         *,
-        engine: InferenceEngine,
+        engine: EngineBase,
         workflow: RolloutWorkflow,
         dataset: PromptDataset,
         buffer: Any,
@@ -311,7 +312,9 @@ class RolloutLoop:
                 raise
             except Exception as exc:  # noqa: BLE001 - one bad episode must not stop the loop
                 log.exception("episode failed", extra={"prompt_id": data.get("prompt_id")})
-                self._reject("reward_unavailable" if "Reward" in type(exc).__name__ else "error")
+                self._reject(
+                    "reward_unavailable" if isinstance(exc, RewardUnavailableError) else "error"
+                )
                 await self._release([reservation_id])
                 return
             if group is None:
@@ -348,7 +351,7 @@ class RolloutLoop:
             try:
                 result = await self.buffer.put(group, request_id=f"put-{group.group_id}")
             except Exception as exc:  # noqa: BLE001 - classify below
-                invalid = type(exc).__name__ == "InvalidGroupError"
+                invalid = isinstance(exc, InvalidGroupError)
                 if invalid or attempt == self.put_retries:
                     log.warning("put failed", extra={"group_id": group.group_id, "error": str(exc)})
                     self._reject("invalid" if invalid else "put_failed")

@@ -20,10 +20,10 @@ from services.common.aio import stop_task
 from services.common.grpc_server import ServiceServer
 from services.common.http_app import MetricsServer
 from services.common.weights.disk import MANIFEST_FILE, read_manifest
-from services.rollout.engine.base import InferenceEngine
+from services.core.types import SamplingParams
+from services.rollout.engine.base import EngineBase
 from services.rollout.metrics import RolloutMetrics
 from services.rollout.servicer import RolloutServicer
-from services.rollout.types import SamplingParams
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "flywheel.v1.RolloutService"
@@ -39,7 +39,7 @@ def model_path(cfg: Any) -> str:
     return str(path)
 
 
-def build_engine(cfg: Any, replica_index: int = 0) -> InferenceEngine:
+def build_engine(cfg: Any, replica_index: int = 0) -> EngineBase:
     r = cfg.rollout
     tokenizer_path = r.tokenizer_path or cfg.tokenizer_path or model_path(cfg)
     if r.engine == "torch":
@@ -173,14 +173,11 @@ class RolloutService:
 
     def _build_loop(self) -> Any:
         from services.buffer.client import BufferClient
+        from services.core.contracts import WorkflowContext
         from services.reward.client import RewardClient
         from services.rollout.data.datasets import PromptDataset
         from services.rollout.loop import RolloutLoop
-        from services.rollout.workflows.base import (
-            RewardServiceScorer,
-            WorkflowContext,
-            load_workflow,
-        )
+        from services.rollout.workflows.base import RewardServiceScorer, load_workflow
 
         cfg = self.cfg
         s = cfg.services

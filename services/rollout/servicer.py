@@ -20,6 +20,7 @@ from typing import Any
 import grpc
 
 from flywheel_proto.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
+from services.common.codec import completion_to_proto, sampling_from_proto
 from services.common.weights.disk import (
     WeightsPathRefused,
     check_weights_dir,
@@ -34,9 +35,9 @@ from services.common.weights.manifest import (
     check_update_size,
 )
 from services.rollout.data.datasets import DatasetError, render_prompt
-from services.rollout.engine.base import InferenceEngine
+from services.rollout.engine.base import EngineBase
 from services.rollout.metrics import RolloutMetrics
-from services.rollout.types import SamplingParams, UpdateResult
+from services.rollout.types import UpdateResult
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ _TRANSPORT_NAMES = {
 class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     def __init__(
         self,
-        engine: InferenceEngine,
+        engine: EngineBase,
         *,
         rollout_id: str,
         metrics: RolloutMetrics,
@@ -121,7 +122,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
 
     async def Generate(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
-            sampling = SamplingParams.from_proto(request.sampling)
+            sampling = sampling_from_proto(request.sampling)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         if bool(request.prompts) == bool(request.prompt_ids):
@@ -153,7 +154,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         resp = rollout_pb2.GenerateResponse(version=self.engine.version)
         for group in groups:
             for c in group:
-                resp.completions.append(c.to_proto())
+                resp.completions.append(completion_to_proto(c))
         return resp
 
     async def UpdateWeights(self, request: Any, context: grpc.aio.ServicerContext) -> Any:

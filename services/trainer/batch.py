@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 import torch
 
-from services.common.codec import TrajectoryGroup
+from services.core.types import TrajectoryGroup
 
 
 @dataclass

@@ -67,8 +67,9 @@ import torch
 
 from flywheel_proto.v1 import buffer_pb2
 from services.buffer.client import BufferClient, VersionRegressionError
-from services.common.codec import TrajectoryGroup, group_from_proto, group_to_proto
+from services.common.codec import group_from_proto, group_to_proto
 from services.common.config import FlywheelConfig
+from services.core.types import TrajectoryGroup
 from services.trainer import checkpoint as ckpt
 from services.trainer import lifecycle
 from services.trainer.control import Control, SavedCheckpoint

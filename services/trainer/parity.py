@@ -43,8 +43,8 @@ from typing import Any, Protocol
 import torch
 
 from services.common.config import FlywheelConfig
+from services.core.types import SamplingParams
 from services.rollout.client import RolloutClient
-from services.rollout.types import SamplingParams
 from services.trainer.logprobs import token_logprobs
 from services.trainer.metrics import TrainerMetrics
 

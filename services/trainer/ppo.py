@@ -35,8 +35,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from services.common.codec import TrajectoryGroup
 from services.common.config import FlywheelConfig, OptimizerConfig
+from services.core.types import TrajectoryGroup
 from services.trainer.algorithms import (
     ACTOR_TOKEN_STATS,
     CRITIC_TOKEN_STATS,

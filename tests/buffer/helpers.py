@@ -7,7 +7,7 @@ import zlib
 import numpy as np
 import redis
 
-from services.common.codec import Trajectory, TrajectoryGroup
+from services.core.types import Trajectory, TrajectoryGroup
 
 
 def make_group(

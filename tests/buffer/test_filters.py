@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from services.buffer.filters import FilterError, resolve_filter
-from services.common.codec import TrajectoryGroup
+from services.core.types import TrajectoryGroup
 
 from .helpers import make_group
 

@@ -11,8 +11,6 @@ from flywheel_proto.v1 import common_pb2
 from services.common.codec import (
     CodecError,
     CodecLimits,
-    Trajectory,
-    TrajectoryGroup,
     array_to_tensor,
     group_from_proto,
     group_to_proto,
@@ -20,6 +18,7 @@ from services.common.codec import (
     trajectory_from_proto,
     trajectory_to_proto,
 )
+from services.core.types import Trajectory, TrajectoryGroup
 
 
 def make_traj(prompt_len=3, gen_len=4, version=2, tid="t0", gid="g0", turns=False) -> Trajectory:

@@ -22,8 +22,8 @@ import torch
 
 from services.common.config import FlywheelConfig
 from services.common.redis_server import free_port
+from services.core.types import SamplingParams
 from services.rollout.client import RolloutClient
-from services.rollout.types import SamplingParams
 from services.trainer.io_loop import IOLoop
 from services.trainer.logprobs import token_logprobs
 from services.trainer.ppo import PPOTrainer

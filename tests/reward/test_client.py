@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from services.reward.client import RewardClient, RewardClientError, RewardStatus, ScoreItem
+from services.core.types import RewardStatus, ScoreRequest
+from services.reward.client import RewardClient, RewardClientError
 from tests.reward.conftest import RunningReward, service_config
 
 pytestmark = pytest.mark.integration
@@ -16,7 +17,7 @@ async def test_large_batches_are_split_and_come_back_in_order(
     reward_service: RunningReward,
 ) -> None:
     # 150 items over max_batch=64: three requests (64 + 64 + 22), one outcome per item.
-    items = [ScoreItem(completion=f"#### {k}", answer=f"#### {k % 7}") for k in range(150)]
+    items = [ScoreRequest(completion=f"#### {k}", answer=f"#### {k % 7}") for k in range(150)]
     async with RewardClient(reward_service.address) as client:
         assert await client.max_batch_size() == 64
         out = await client.score_batch(items, request_id="split-1")
@@ -30,12 +31,12 @@ async def test_statuses_per_item_and_single_score(reward_service: RunningReward)
     async with RewardClient(reward_service.address) as client:
         out = await client.score_batch(
             [
-                ScoreItem(completion=b"\xc3\x28", answer="1"),
-                ScoreItem(completion="x", fn="sleeps", kwargs={"seconds": 30}, deadline_ms=500),
-                ScoreItem(completion="#### 3", answer="3", fn="arithmetic"),
+                ScoreRequest(completion=b"\xc3\x28", answer="1"),
+                ScoreRequest(completion="x", fn="sleeps", kwargs={"seconds": 30}, deadline_ms=500),
+                ScoreRequest(completion="#### 3", answer="3", fn="arithmetic"),
             ]
         )
-        single = await client.score(ScoreItem(completion="#### 3", answer="3"), fn="gsm8k")
+        single = await client.score(ScoreRequest(completion="#### 3", answer="3"), fn="gsm8k")
     assert [o.status for o in out] == [
         RewardStatus.INVALID_INPUT,
         RewardStatus.TIMEOUT,
@@ -49,11 +50,11 @@ async def test_statuses_per_item_and_single_score(reward_service: RunningReward)
 async def test_refused_requests_raise_with_the_grpc_code(reward_service: RunningReward) -> None:
     async with RewardClient(reward_service.address, retries=0) as client:
         with pytest.raises(RewardClientError) as err:
-            await client.score_batch([ScoreItem(completion="x")], fn="nope")
+            await client.score_batch([ScoreRequest(completion="x")], fn="nope")
         assert err.value.code is not None and err.value.code.name == "INVALID_ARGUMENT"
         with pytest.raises(ValueError, match=r"items\[1\].kwargs is not JSON-serialisable"):
             await client.score_batch(
-                [ScoreItem(completion="x"), ScoreItem(completion="x", kwargs={"o": object()})]
+                [ScoreRequest(completion="x"), ScoreRequest(completion="x", kwargs={"o": object()})]
             )
         assert await client.score_batch([]) == []
 
@@ -61,7 +62,7 @@ async def test_refused_requests_raise_with_the_grpc_code(reward_service: Running
 async def test_unreachable_service_is_a_client_error() -> None:
     async with RewardClient("127.0.0.1:1", retries=1, timeout=2.0, max_batch_size=8) as client:
         with pytest.raises(RewardClientError) as err:
-            await client.score_batch([ScoreItem(completion="x")])
+            await client.score_batch([ScoreRequest(completion="x")])
     assert err.value.code is not None and err.value.code.name in (
         "UNAVAILABLE",
         "DEADLINE_EXCEEDED",
@@ -72,11 +73,11 @@ async def test_bearer_token_is_sent_and_required() -> None:
     service = RunningReward(service_config(num_workers=1), auth_token="s3cret")
     try:
         async with RewardClient(service.address, auth_token="s3cret") as client:
-            [ok] = await client.score_batch([ScoreItem(completion="#### 2", answer="2")])
+            [ok] = await client.score_batch([ScoreRequest(completion="#### 2", answer="2")])
         assert ok.ok and ok.reward == 1.0
         async with RewardClient(service.address, retries=0, max_batch_size=8) as anonymous:
             with pytest.raises(RewardClientError) as err:
-                await anonymous.score_batch([ScoreItem(completion="#### 2", answer="2")])
+                await anonymous.score_batch([ScoreRequest(completion="#### 2", answer="2")])
         assert err.value.code is not None and err.value.code.name == "UNAUTHENTICATED"
         # the refusal is counted on the service's own registry, as the other services do
         refused = service.service.prom.get_sample_value(
@@ -109,7 +110,7 @@ async def test_a_batch_sent_while_the_service_restarts_is_scored_by_its_successo
     port = first.port
     registry = CollectorRegistry()
     peer = PeerOutageMetrics("rollout", registry).peer("reward", first.address)
-    items = [ScoreItem(completion=f"#### {k}", answer="#### 2") for k in range(4)]
+    items = [ScoreRequest(completion=f"#### {k}", answer="#### 2") for k in range(4)]
     async with RewardClient(first.address, peer=peer, max_batch_size=8) as client:
         assert [o.reward for o in await client.score_batch(items)] == [0.0, 0.0, 1.0, 0.0]
         await first.stop(grace=0.5)

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from flywheel_proto.v1 import common_pb2, reward_pb2
 from services.common.limits import MAX_ID_BYTES
-from services.reward.client import RewardClient, ScoreItem
+from services.core.types import ScoreRequest
+from services.reward.client import RewardClient
 from services.reward.servicer import MAX_KWARGS_DEPTH
 from tests.reward.conftest import RunningReward, process_identity, service_config
 
@@ -401,7 +402,7 @@ async def test_many_concurrent_batches_get_every_result_once(svc: RunningReward)
 
         async def one(b: int) -> list[float]:
             items = [
-                ScoreItem(
+                ScoreRequest(
                     completion="x", prompt="p", prompt_ids=[7, 8], kwargs={"weight": b * 100 + k}
                 )
                 for k in range(24)

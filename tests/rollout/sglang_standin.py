@@ -72,8 +72,8 @@ from services.common.weights.manifest import (
     WeightsError,
     state_dict_checksum,
 )
+from services.core.types import SamplingParams
 from services.rollout.engine.torch_engine import TorchEngine
-from services.rollout.types import SamplingParams
 
 log = logging.getLogger("sglang-standin")
 

@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from services.common.codec import TrajectoryGroup
+from services.core.contracts import WorkflowContext
+from services.core.types import SamplingParams, TrajectoryGroup
 from services.rollout.data.arithmetic import write_splits
 from services.rollout.data.datasets import PromptDataset, read_rows
 from services.rollout.engine.torch_engine import TorchEngine
 from services.rollout.loop import RolloutLoop
 from services.rollout.metrics import RolloutMetrics
-from services.rollout.types import SamplingParams
-from services.rollout.workflows.base import RewardServiceScorer, WorkflowContext, load_workflow
+from services.rollout.workflows.base import RewardServiceScorer, load_workflow
 
 # --------------------------------------------------------------- unit: scripted buffer
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from services.core.types import SamplingParams
 from services.rollout.client import RolloutClient
-from services.rollout.types import SamplingParams
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ import torch
 
 from flywheel_proto.v1 import rollout_pb2
 from services.common.weights.disk import MANIFEST_FILE, PATH_REFUSED, save_weights
-from services.rollout.types import SamplingParams
+from services.core.types import SamplingParams
 from tests.rollout.conftest import load_model
 
 pytestmark = pytest.mark.integration

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from services.common.codec import Trajectory, TrajectoryGroup
 from services.common.config import FlywheelConfig
 from services.common.config.loader import load_config
+from services.core.types import Trajectory, TrajectoryGroup
 
 
 def trainer_config(model_dir: Path, run_root: Path, *overrides: str) -> FlywheelConfig:

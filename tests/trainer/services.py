@@ -20,8 +20,8 @@ import yaml
 
 from services.buffer.client import BufferClient
 from services.buffer.service import BufferParts, BufferService, key_prefix
-from services.common.codec import TrajectoryGroup
 from services.common.config import FlywheelConfig
+from services.core.types import TrajectoryGroup
 from services.trainer.io_loop import IOLoop
 
 ROOT = Path(__file__).resolve().parents[2]

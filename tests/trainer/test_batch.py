@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from services.common.codec import Trajectory, TrajectoryGroup
+from services.core.types import Trajectory, TrajectoryGroup
 from services.trainer.batch import from_groups
 
 

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from services.common.codec import Trajectory, TrajectoryGroup
 from services.common.config import load_config
+from services.core.types import Trajectory, TrajectoryGroup
 from services.trainer.loop import TrainerLoop
 
 

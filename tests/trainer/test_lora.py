@@ -273,8 +273,8 @@ def test_checkpoint_resume_restores_base_and_adapters(tiny_model_dir: Path, tmp_
 def test_disk_push_leaves_the_replica_on_the_merged_weights(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
+    from services.core.types import SamplingParams
     from services.rollout.client import RolloutClient
-    from services.rollout.types import SamplingParams
     from services.trainer.logprobs import token_logprobs
     from tests.trainer.services import running_replica
 

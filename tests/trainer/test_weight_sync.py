@@ -21,8 +21,8 @@ import torch
 from services.buffer.client import BufferClient
 from services.common.config import FlywheelConfig
 from services.common.redis_server import RedisServer, free_port
+from services.core.types import SamplingParams
 from services.rollout.client import RolloutClient
-from services.rollout.types import SamplingParams
 from services.trainer.control import Control
 from services.trainer.io_loop import IOLoop
 from services.trainer.logprobs import token_logprobs

@@ -1,6 +1,6 @@
-"""Generation engines: the `InferenceEngine` contract, the in-process torch engine and the
+"""Generation engines: the `EngineBase` base class, the in-process torch engine and the
 SGLang client. Import engines from their modules (`torch_engine` pulls in torch)."""
 
-from services.rollout.engine.base import EngineStats, InferenceEngine
+from services.rollout.engine.base import EngineBase, EngineStats
 
-__all__ = ["EngineStats", "InferenceEngine"]
+__all__ = ["EngineStats", "EngineBase"]

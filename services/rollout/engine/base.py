@@ -23,7 +23,8 @@ from typing import Any
 from services.common.weights.disk import load_weights
 from services.common.weights.distributed import WeightsGroup, recv_buckets
 from services.common.weights.manifest import TensorSpec, WeightManifest, WeightsError, verify
-from services.rollout.types import Completion, SamplingParams, UpdateResult
+from services.core.types import Completion, SamplingParams
+from services.rollout.types import UpdateResult
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +42,13 @@ class EngineStats:
     last_update_seconds: float = 0.0
 
 
-class InferenceEngine(abc.ABC):
+class EngineBase(abc.ABC):
     """The base of `TorchEngine` and `SGLangEngine`: what the rollout service drives
     (lifecycle, pause/resume, weight updates) plus the shared update plumbing.
 
-    It implements `services.api.InferenceEngine`, the protocol workflows are typed
-    against (generation, decoding, the version); a workflow never needs this class."""
+    It implements `services.core.contracts.InferenceEngine`, the one engine contract
+    workflows are typed against (generation, decoding, the version); a workflow never
+    needs this class."""
 
     name: str = "engine"
 

@@ -75,8 +75,9 @@ from typing import Any
 
 from services.common.weights.disk import save_weights, weights_files
 from services.common.weights.manifest import TensorSpec, WeightManifest, WeightsError
-from services.rollout.engine.base import InferenceEngine
-from services.rollout.types import Completion, SamplingParams, StopReason, UpdateResult
+from services.core.types import Completion, SamplingParams, StopReason
+from services.rollout.engine.base import EngineBase
+from services.rollout.types import UpdateResult
 
 log = logging.getLogger(__name__)
 
@@ -262,7 +263,7 @@ def token_versions(meta: Mapping[str, Any], n_tokens: int, fallback: int) -> lis
     return out if v is None else [v] * n_tokens
 
 
-class SGLangEngine(InferenceEngine):
+class SGLangEngine(EngineBase):
     name = "sglang"
 
     def __init__(

@@ -39,12 +39,12 @@ from services.common.weights.manifest import (
     named_parameters_for_update,
     state_dict_checksum,
 )
-from services.rollout.engine.base import InferenceEngine
+from services.core.types import Completion, SamplingParams, StopReason
+from services.rollout.engine.base import EngineBase
 from services.rollout.engine.hf_runner import HFRunner
 from services.rollout.engine.native_runner import NativeDecoderRunner
 from services.rollout.engine.runner_contract import ModelRunner
 from services.rollout.engine.sampling import RowSampling, sample_next
-from services.rollout.types import Completion, SamplingParams, StopReason
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class _Request:
         return len(self.tokens) - self.prompt_len
 
 
-class TorchEngine(InferenceEngine):
+class TorchEngine(EngineBase):
     """Batched, interruptible generation with a KV cache on CPU or CUDA."""
 
     name = "torch"

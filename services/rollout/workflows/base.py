@@ -6,8 +6,9 @@ prompt) with `await workflow.arun_episode(engine, data)`, or returns None to ski
 the buffer; the workflow only generates and scores. A user workflow is any class with that
 method, named by dotted path (`my_pkg.my_mod.MyWorkflow`), built as `cls(ctx, **kwargs)`.
 
-The contracts (`RolloutWorkflow`, `WorkflowContext`, `InferenceEngine`, `RewardScorer`,
-`ScoreRequest`, `ScoreResult`) are defined in `services.api` and re-exported here.
+The contracts (`RolloutWorkflow`, `WorkflowContext`, `InferenceEngine`, `RewardScorer`) are
+defined in `services.core.contracts`, the types (`ScoreRequest`, `ScoreResult`) in
+`services.core.types`.
 """
 
 from __future__ import annotations
@@ -18,11 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from services.api import InferenceEngine as InferenceEngine  # re-exported contracts
-from services.api import RewardScorer as RewardScorer
-from services.api import RolloutWorkflow, ScoreRequest, ScoreResult, WorkflowContext, load_dotted
-from services.common.codec import Trajectory, TrajectoryGroup
-from services.rollout.types import Completion
+from services.core.contracts import RolloutWorkflow, WorkflowContext
+from services.core.plugins import load_dotted
+from services.core.types import Completion, ScoreRequest, ScoreResult, Trajectory, TrajectoryGroup
 
 
 class RewardServiceScorer:
@@ -34,24 +33,10 @@ class RewardServiceScorer:
         self.deadline_s = deadline_s
 
     async def score(self, items: Sequence[ScoreRequest]) -> list[ScoreResult]:
-        from services.reward.client import ScoreItem
-
-        outcomes = await self.client.score_batch(
-            [
-                ScoreItem(
-                    completion=i.completion,
-                    answer=i.answer,
-                    prompt=i.prompt,
-                    prompt_ids=list(i.prompt_ids),
-                    completion_ids=list(i.completion_ids),
-                    kwargs=dict(i.kwargs),
-                )
-                for i in items
-            ],
-            fn=self.fn,
-            deadline_s=self.deadline_s,
+        results: list[ScoreResult] = await self.client.score_batch(
+            list(items), fn=self.fn, deadline_s=self.deadline_s
         )
-        return [ScoreResult(o.reward, o.ok, str(o.status), o.message) for o in outcomes]
+        return results
 
 
 def reward_kwargs(data: Mapping[str, Any]) -> dict[str, Any]:

@@ -20,16 +20,9 @@ import asyncio
 import json
 from typing import Any
 
-from services.api import InferenceEngine
-from services.common.codec import Trajectory, TrajectoryGroup
-from services.rollout.types import SamplingParams
-from services.rollout.workflows.base import (
-    ScoreRequest,
-    WorkflowContext,
-    build_trajectory,
-    make_group,
-    reward_kwargs,
-)
+from services.core.contracts import InferenceEngine, WorkflowContext
+from services.core.types import SamplingParams, ScoreRequest, Trajectory, TrajectoryGroup
+from services.rollout.workflows.base import build_trajectory, make_group, reward_kwargs
 from services.trainer.algorithms.turn_discount import discount_turn_rewards
 
 DEFAULT_FEEDBACK = "Your answer is either wrong or not parsable. Please try again.\n"

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.api import InferenceEngine
-from services.common.codec import TrajectoryGroup
+from services.core.contracts import InferenceEngine, WorkflowContext
+from services.core.types import ScoreRequest, TrajectoryGroup
 from services.rollout.workflows.base import (
-    ScoreRequest,
-    WorkflowContext,
     build_trajectory,
     completion_piece,
     make_group,

@@ -35,22 +35,21 @@ Losses
 Proximal policy
     `compute_prox_logp(method, ...) -> ProxResult` (every method of `PROX_LOGP_METHODS`),
     `needs_recompute(method)`.
-Filters (torch-free)
-    `services.trainer.algorithms.filters`: `FILTERS`, `resolve_group_filter` (both config
-    keys: `buffer.filter`, `actor.should_accept_fn`; one signature, `services.api.GroupFilter`),
-    `resolve_should_accept`.
+Filters
+    The group filters live in `services.core.filters` (torch-free, shared with the buffer).
 Config adapters
     `advantages_from_config`, `actor_loss_from_config`, `critic_loss_from_config`,
     `prox_from_config`, `should_accept_from_config`, and the `*_kwargs` helpers.
-Registries (`Registry`: unknown names list the valid ones, duplicates are errors)
-    `SURROGATES`, `KL_ESTIMATORS`, `GAE_LAMBDA_FNS`, `AGGREGATORS`, `FILTERS`.
+Registries (`services.core.plugins.Registry`: unknown names list the valid ones,
+duplicates are errors)
+    `SURROGATES`, `KL_ESTIMATORS`, `GAE_LAMBDA_FNS`, `AGGREGATORS`.
 Statistics
     `STATS`: every scalar and reported name with its meaning; `ACTOR_TOKEN_STATS` /
     `CRITIC_TOKEN_STATS`: which per-token tensor over which mask becomes
     `<name>/avg|min|max`; `summarize_token_stats(stats, table)` reduces one call's.
 
-Names are loaded lazily (PEP 562) so that `import services.trainer.algorithms.filters`
-does not import torch.
+Names are loaded lazily (PEP 562) so that importing one torch-free submodule does not
+import torch.
 """
 
 from __future__ import annotations
@@ -100,11 +99,6 @@ _EXPORTS: dict[str, str] = {
     "interpolation_alpha": "prox",
     "ProxResult": "prox",
     "PROX_LOGP_METHODS": "prox",
-    # filters
-    "FILTERS": "filters",
-    "resolve_group_filter": "filters",
-    "resolve_should_accept": "filters",
-    "filter_groups": "filters",
     # config adapters
     "advantages_from_config": "config_adapters",
     "actor_loss_from_config": "config_adapters",
@@ -117,8 +111,6 @@ _EXPORTS: dict[str, str] = {
     # layouts, registries, stats
     "packed_to_padded": "layout",
     "padded_to_packed": "layout",
-    "Registry": "registry",
-    "RegistryError": "registry",
     "STATS": "stats",
     "ACTOR_TOKEN_STATS": "stats",
     "CRITIC_TOKEN_STATS": "stats",
@@ -132,7 +124,6 @@ __all__ = [
     "AGGREGATORS",
     "AdvantageResult",
     "CRITIC_TOKEN_STATS",
-    "FILTERS",
     "GAE_LAMBDA_FNS",
     "ICEPOP",
     "KL_ESTIMATORS",
@@ -141,8 +132,6 @@ __all__ = [
     "PROX_APPROX_METHODS",
     "PROX_LOGP_METHODS",
     "ProxResult",
-    "Registry",
-    "RegistryError",
     "RejectionSpec",
     "STATS",
     "SURROGATES",
@@ -164,7 +153,6 @@ __all__ = [
     "critic_loss_from_config",
     "critic_loss_kwargs",
     "discount_turn_rewards",
-    "filter_groups",
     "gae_lambda_context",
     "gae_token_level",
     "gae_turn_level",
@@ -181,8 +169,6 @@ __all__ = [
     "ppo_actor_loss",
     "prox_from_config",
     "resolve_gae_lambda",
-    "resolve_group_filter",
-    "resolve_should_accept",
     "shape_rewards",
     "should_accept_from_config",
     "summarize_token_stats",
@@ -217,7 +203,6 @@ if TYPE_CHECKING:  # pragma: no cover - static analysers see the real names
         prox_from_config,
         should_accept_from_config,
     )
-    from .filters import FILTERS, filter_groups, resolve_group_filter, resolve_should_accept
     from .gae import gae_token_level, gae_turn_level
     from .gae_lambda import GAE_LAMBDA_FNS, gae_lambda_context, resolve_gae_lambda
     from .kl import KL_ESTIMATORS, binary_kl_symmetric
@@ -233,7 +218,6 @@ if TYPE_CHECKING:  # pragma: no cover - static analysers see the real names
         interpolation_alpha,
         needs_recompute,
     )
-    from .registry import Registry, RegistryError
     from .rewards import overlong_penalty, shape_rewards
     from .stats import (
         ACTOR_TOKEN_STATS,

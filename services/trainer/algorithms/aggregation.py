@@ -37,8 +37,9 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from services.core.plugins import Registry
+
 from .layout import layout_of, seq_sum
-from .registry import Registry
 
 
 class Aggregator(Protocol):

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
-from services.api import GroupFilter
+from services.core.contracts import GroupFilter
+from services.core.filters import resolve_should_accept
 
 from .advantages import AdvantageResult, compute_advantages
-from .filters import resolve_should_accept
 from .kl import KL_CLAMP
 from .losses import critic_loss, ppo_actor_loss
 from .prox import ProxResult, compute_prox_logp

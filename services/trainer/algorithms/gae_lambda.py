@@ -26,9 +26,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from services.api import GaeLambdaFn  # the contract: fn(context, **kwargs) -> Tensor[B]
-
-from .registry import Registry
+from services.core.contracts import GaeLambdaFn  # the contract: fn(context, **kwargs) -> Tensor[B]
+from services.core.plugins import Registry
 
 GAE_LAMBDA_FNS: Registry[GaeLambdaFn] = Registry("GAE lambda function", validate=callable)
 

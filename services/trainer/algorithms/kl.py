@@ -19,7 +19,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from .registry import Registry
+from services.core.plugins import Registry
 
 
 class KLEstimator(Protocol):

@@ -23,9 +23,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from services.api import Surrogate, SurrogateOutput, SurrogateParams, accepts_positional
-
-from .registry import Registry
+from services.core.contracts import Surrogate, SurrogateOutput, SurrogateParams
+from services.core.plugins import Registry, accepts_positional
 
 
 def _fits_surrogate(obj: object) -> bool:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from services.core.types import SamplingParams
 from services.rollout.engine.sglang_engine import SGLangEngine
-from services.rollout.types import SamplingParams
 from tests.rollout.engine.test_torch_engine import PROMPTS
 from tests.rollout.sglang_standin import SGLangStandIn
 

@@ -31,6 +31,7 @@ from services.common.weights.manifest import (
     named_parameters_for_update,
     tensor_specs,
 )
+from services.core.types import SamplingParams
 from services.rollout.engine.sglang_engine import (
     ContextOverflowError,
     SGLangEngine,
@@ -41,7 +42,6 @@ from services.rollout.engine.sglang_engine import (
     server_version,
     token_versions,
 )
-from services.rollout.types import SamplingParams
 from tests.rollout.conftest import load_model
 from tests.rollout.engine.test_torch_engine import PROMPTS, fresh_logprobs, hf_greedy
 from tests.rollout.sglang_standin import SCHEMA, SGLangStandIn

@@ -20,8 +20,8 @@ from services.common.weights.manifest import (
     named_parameters_for_update,
     state_dict_checksum,
 )
+from services.core.types import SamplingParams
 from services.rollout.engine.torch_engine import TorchEngine
-from services.rollout.types import SamplingParams
 from tests.rollout.conftest import load_model
 
 ATOL = 1e-5

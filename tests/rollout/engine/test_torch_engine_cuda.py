@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from services.common.weights.manifest import make_manifest, named_parameters_for_update
+from services.core.types import SamplingParams
 from services.rollout.engine.torch_engine import TorchEngine
-from services.rollout.types import SamplingParams
 from tests.rollout.conftest import load_model
 from tests.rollout.engine.test_torch_engine import PROMPTS
 

@@ -33,8 +33,8 @@ from services.common.weights.manifest import (
     make_manifest,
     state_dict_checksum,
 )
+from services.core.types import SamplingParams
 from services.rollout.engine.torch_engine import TorchEngine, load_tokenizer
-from services.rollout.types import SamplingParams
 from tests import smollm2
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]

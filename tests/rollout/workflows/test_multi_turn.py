@@ -9,9 +9,9 @@ import json
 
 import pytest
 
+from services.core.contracts import WorkflowContext
+from services.core.types import SamplingParams, ScoreResult
 from services.rollout.engine.torch_engine import TorchEngine
-from services.rollout.types import SamplingParams
-from services.rollout.workflows.base import ScoreResult, WorkflowContext
 from services.rollout.workflows.multi_turn import MultiTurnWorkflow, discount_turn_rewards
 
 from .test_workflows import ScriptedScorer, data_row

@@ -9,14 +9,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from services.core.contracts import WorkflowContext
+from services.core.types import SamplingParams, ScoreRequest, ScoreResult
 from services.rollout.engine.torch_engine import TorchEngine
-from services.rollout.types import SamplingParams
-from services.rollout.workflows.base import (
-    ScoreRequest,
-    ScoreResult,
-    WorkflowContext,
-    load_workflow,
-)
+from services.rollout.workflows.base import load_workflow
 from services.rollout.workflows.multi_turn import MultiTurnWorkflow
 from tests.rollout.user_workflow import EchoWorkflow
 

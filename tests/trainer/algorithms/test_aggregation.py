@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from services.core.plugins import RegistryError
 from services.trainer.algorithms.aggregation import aggregate_loss
 from services.trainer.algorithms.losses import ppo_actor_loss
-from services.trainer.algorithms.registry import RegistryError
 
 LOSS = torch.tensor([[1.0, 2.0, 3.0, 0.0], [4.0, 0.0, 0.0, 0.0]])
 MASK = torch.tensor([[True, True, True, False], [True, False, False, False]])

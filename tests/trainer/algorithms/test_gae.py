@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from services.core.plugins import RegistryError
 from services.trainer.algorithms.gae import (
     discounted_reverse_cumsum,
     gae_token_level,
@@ -13,7 +14,6 @@ from services.trainer.algorithms.gae import (
     turn_slots,
 )
 from services.trainer.algorithms.gae_lambda import GAE_LAMBDA_FNS, resolve_gae_lambda
-from services.trainer.algorithms.registry import RegistryError
 
 from . import _reference as ref
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from services.core.plugins import RegistryError
 from services.trainer.algorithms.layout import padded_to_packed
 from services.trainer.algorithms.losses import critic_loss, ppo_actor_loss
 from services.trainer.algorithms.offpolicy import RejectionSpec
-from services.trainer.algorithms.registry import RegistryError
 from services.trainer.algorithms.stats import (
     ACTOR_TOKEN_STATS,
     CRITIC_TOKEN_STATS,

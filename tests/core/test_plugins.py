@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.trainer.algorithms.registry import Registry, RegistryError, load_dotted
+from services.core.filters import FILTERS
+from services.core.plugins import DottedPathError, Registry, RegistryError, load_dotted
 
 
 def test_registry_rules() -> None:
@@ -34,16 +35,15 @@ def test_registry_rules() -> None:
 
 def test_load_dotted_errors() -> None:
     assert load_dotted("os.path:join")("a", "b") == "a/b"
-    with pytest.raises(RegistryError, match="cannot import module 'no_such_mod'"):
+    with pytest.raises(DottedPathError, match="cannot import module 'no_such_mod'"):
         load_dotted("no_such_mod.fn")
-    with pytest.raises(RegistryError, match="is not a dotted path"):
+    with pytest.raises(DottedPathError, match="is not a dotted path"):
         load_dotted("plain")
 
 
 def test_every_builtin_registry_is_populated() -> None:
     from services.trainer.algorithms import (
         AGGREGATORS,
-        FILTERS,
         GAE_LAMBDA_FNS,
         KL_ESTIMATORS,
         SURROGATES,

@@ -1,40 +1,78 @@
-"""Dynamic filtering of whole groups before training (DAPO dynamic sampling).
+"""Group filters: which trajectory groups are worth training on (DAPO dynamic sampling).
 
-A filter decides whether a group (the completions of one prompt) is worth training on.
-With group-relative advantages, a group whose rewards are all equal has advantage 0
-everywhere and only costs compute; DAPO drops such groups (`dapo_equal_rewards`).
+A filter decides whether a group (the completions of one prompt) is kept. With
+group-relative advantages, a group whose rewards are all equal has advantage 0 everywhere
+and only costs compute; DAPO drops such groups (`dapo_equal_rewards`).
 
-One signature for every filter, `services.api.GroupFilter`: `fn(group) -> bool` over a
-`TrajectoryGroup`. `resolve_group_filter` is the one resolution both config keys use
+One signature for every filter, `services.core.contracts.GroupFilter`: `fn(group) -> bool`
+over a `TrajectoryGroup`. `resolve_group_filter` is the one resolution both config keys use
 (`buffer.filter` in the buffer, `actor.should_accept_fn` in the trainer): a registered
 name, or a dotted path to a `GroupFilter`. The built-in rules are formulas over the
 group's rewards, registered in `FILTERS` in the older form `fn(rewards, **kwargs)`
-(`RewardsFilter`) and adapted with `services.api.rewards_filter`; a dotted path whose
-function's first parameter is `rewards` is adapted the same way, so configs written for
-that form keep working. The adapted filters also take a bare list of rewards or a mapping
-with `"rewards"` (`rewards_of`). This module is torch-free on purpose: the buffer service
-imports it to filter groups at admission time.
+(`RewardsFilter`) and adapted with `rewards_filter`; a dotted path whose function's first
+parameter is `rewards` is adapted the same way, so configs written for that form keep
+working. The adapted filters also take a bare list of rewards or a mapping with
+`"rewards"` (`rewards_of`).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from services.api import (
-    GroupFilter,
-    RewardsFilter,
-    is_rewards_filter,
-    load_dotted,
-    rewards_filter,
-    rewards_of,
-)
+from services.core.contracts import GroupFilter, RewardsFilter
+from services.core.plugins import Registry, RegistryError, load_dotted
 
-from .registry import Registry, RegistryError
 
-# The older name of the rewards form, kept for imports.
-ShouldAccept = RewardsFilter
+def rewards_of(group: Any) -> list[float]:
+    """The rewards of a group: a `TrajectoryGroup` (or anything with `.rewards`), a mapping
+    with `"rewards"` (AReaL hands its filters a dict), or a plain sequence of floats."""
+    if isinstance(group, Mapping):
+        values = group["rewards"]
+    elif hasattr(group, "rewards"):
+        values = group.rewards
+    else:
+        values = group
+    return [float(r) for r in values]
+
+
+def rewards_filter(fn: Callable[..., bool], **kwargs: Any) -> GroupFilter:
+    """Adapt `fn(rewards, **kwargs) -> bool` (a `RewardsFilter`, or any function of the
+    rewards whose other arguments are bound here) to the `GroupFilter` signature.
+
+    The adapted filter passes `rewards_of(group)` and the bound `kwargs`, and refuses a
+    result that is not a `bool` (a truthy 1 or a numpy bool would hide a bug). Usable as a
+    decorator. A dotted path in the config whose function's first parameter is named
+    `rewards` is adapted this way automatically, so configs written for the older form
+    keep working.
+    """
+
+    @functools.wraps(fn)
+    def group_filter(group: Any) -> bool:
+        result = fn(rewards_of(group), **kwargs)
+        if not isinstance(result, bool):
+            name = getattr(fn, "__qualname__", repr(fn))
+            raise TypeError(f"group filter {name} returned {type(result).__name__}, expected bool")
+        return result
+
+    group_filter.__flywheel_rewards_filter__ = fn  # type: ignore[attr-defined]
+    return group_filter
+
+
+def is_rewards_filter(fn: Callable[..., Any]) -> bool:
+    """Whether a loaded function has the older form: its first parameter is `rewards`
+    (one `rewards_filter` already adapted is a group filter)."""
+    if hasattr(fn, "__flywheel_rewards_filter__"):
+        return False
+    try:
+        params = list(inspect.signature(fn, follow_wrapped=False).parameters)
+    except (TypeError, ValueError):
+        return False
+    return bool(params) and params[0] == "rewards"
+
 
 FILTERS: Registry[RewardsFilter] = Registry("group filter", validate=callable)
 
@@ -128,13 +166,11 @@ def filter_groups(
 
 __all__ = [
     "FILTERS",
-    "GroupFilter",
-    "RewardsFilter",
-    "ShouldAccept",
     "accept_all",
     "dapo_equal_rewards",
     "filter_groups",
     "get_filter",
+    "is_rewards_filter",
     "resolve_group_filter",
     "resolve_should_accept",
     "rewards_filter",

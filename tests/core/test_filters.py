@@ -8,14 +8,14 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from services.trainer.algorithms.filters import (
+from services.core.filters import (
     FILTERS,
     dapo_equal_rewards,
     filter_groups,
     get_filter,
     resolve_should_accept,
 )
-from services.trainer.algorithms.registry import RegistryError
+from services.core.plugins import RegistryError
 
 
 def test_dapo_equal_rewards() -> None:
@@ -73,7 +73,7 @@ def test_dotted_path_and_errors() -> None:
 
 def test_filters_module_does_not_import_torch() -> None:
     code = (
-        "import sys; import services.trainer.algorithms.filters as f; "
+        "import sys; import services.core.filters as f; "
         "assert 'torch' not in sys.modules, 'torch was imported'; "
         "assert f.get_filter('dapo_equal_rewards')([0, 1])"
     )
