@@ -25,6 +25,7 @@ import grpc
 from flywheel_proto.v1 import buffer_pb2, buffer_pb2_grpc, common_pb2
 from services.buffer import wire
 from services.common.codec import CodecLimits, group_from_proto, group_to_proto
+from services.common.config.services import TLSConfig
 from services.common.grpc_client import (
     BACKOFF_CAP_S,
     DEFAULT_OUTAGE_BUDGET_S,
@@ -166,10 +167,11 @@ class BufferClient(RetryingClient):
         backpressure_wait_s: float = 300.0,
         codec_limits: CodecLimits = CodecLimits(),
         peer: PeerHealth | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
         self._retry_settings("buffer", address, timeout, retries, outage_budget_s, peer)
         self.channel = make_channel(
-            address, max_message_bytes=max_message_bytes, auth_token=auth_token
+            address, max_message_bytes=max_message_bytes, auth_token=auth_token, tls=tls
         )
         self.stub = buffer_pb2_grpc.BufferServiceStub(self.channel)
         # The puts send hand-written wire bytes (see services/buffer/wire.py).

@@ -61,20 +61,10 @@ _CHANNEL_OPTIONS = [
 ]
 
 
-_default_tls: TLSConfig | None = None
-
-
-def set_default_tls(tls: TLSConfig | None) -> None:
-    """TLS settings of the channels this process makes without an explicit `tls` (a
-    service's server sets its own; None: back to `FLYWHEEL_TLS_*`)."""
-    global _default_tls
-    _default_tls = tls
-
-
 def _tls(tls: TLSConfig | None) -> TLSConfig:
-    if tls is not None:
-        return tls
-    return _default_tls if _default_tls is not None else tls_from_env()
+    """The TLS settings a channel was handed, else `FLYWHEEL_TLS_*` from the environment
+    (there is no process-wide default: whoever builds a client passes its `tls`)."""
+    return tls if tls is not None else tls_from_env()
 
 
 def channel_credentials(tls: TLSConfig) -> grpc.ChannelCredentials:
@@ -155,7 +145,7 @@ def make_channel(
     tls: TLSConfig | None = None,
 ) -> grpc.aio.Channel:
     """An aio channel whose limits match the servers' (both ends must raise them); TLS when
-    `tls` (default: the process's, see `set_default_tls`) is enabled."""
+    `tls` (default: `FLYWHEEL_TLS_*` from the environment) is enabled."""
     interceptors = [_AuthInterceptor(auth_token)] if auth_token else None
     tls = _tls(tls)
     options = [*message_size_options(max_message_bytes), *_CHANNEL_OPTIONS, *_tls_options(tls)]

@@ -257,8 +257,9 @@ class ServiceServer:
         auth_metrics: AuthFailureMetrics | None = None,
     ) -> None:
         """`credentials` and `tls` default to the environment (`FLYWHEEL_CREDENTIALS`,
-        `FLYWHEEL_TLS_*`), the same defaults as `services.credentials` and `services.tls`;
-        a server given `tls` also makes it the default of this process's clients.
+        `FLYWHEEL_TLS_*`), the same defaults as `services.credentials` and `services.tls`.
+        The server's TLS settings are its own: each client is handed its `tls` by whoever
+        builds it.
         `auth_metrics`: where refused credentials are counted (the service's registry)."""
         self.name = name
         self.host = host
@@ -266,13 +267,7 @@ class ServiceServer:
         self.service_names = list(service_names)
         if credentials is None:
             credentials = credentials_from_env()
-        if tls is None:
-            tls = tls_from_env()
-        else:
-            from services.common import grpc_client
-
-            grpc_client.set_default_tls(tls)
-        self.tls = tls
+        self.tls = tls if tls is not None else tls_from_env()
         interceptors = (
             [BearerTokenInterceptor(auth_token, credentials, auth_metrics)]
             if (auth_token or credentials)

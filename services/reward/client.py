@@ -32,6 +32,7 @@ from typing import Any
 import grpc
 
 from flywheel_proto.v1 import common_pb2, reward_pb2, reward_pb2_grpc
+from services.common.config.services import TLSConfig
 from services.common.grpc_client import DEFAULT_OUTAGE_BUDGET_S, RetryingClient, make_channel
 from services.common.outage import PeerHealth
 from services.core.errors import RewardUnavailableError
@@ -81,10 +82,11 @@ class RewardClient(RetryingClient):
         max_message_bytes: int = 64 << 20,
         max_batch_size: int | None = None,
         peer: PeerHealth | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
         self._retry_settings("reward", address, timeout, retries, outage_budget_s, peer)
         self._channel = make_channel(
-            address, max_message_bytes=max_message_bytes, auth_token=auth_token
+            address, max_message_bytes=max_message_bytes, auth_token=auth_token, tls=tls
         )
         self._stub = reward_pb2_grpc.RewardServiceStub(self._channel)
         self._max_batch_size = max_batch_size

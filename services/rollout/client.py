@@ -26,6 +26,7 @@ import grpc
 
 from flywheel_proto.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from services.common.codec import completion_from_proto, sampling_to_proto
+from services.common.config.services import TLSConfig
 from services.common.grpc_client import OUTAGE, RetryingClient, make_channel, status_code
 from services.common.grpc_server import DEFAULT_MAX_MESSAGE_BYTES
 from services.common.outage import PeerHealth
@@ -69,11 +70,12 @@ class RolloutClient(RetryingClient):
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         weight_update_timeout: float = 600.0,
         peer: PeerHealth | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
         self._retry_settings("rollout", address, timeout, retries, outage_budget_s, peer)
         self.weight_update_timeout = weight_update_timeout
         self._channel = make_channel(
-            address, max_message_bytes=max_message_bytes, auth_token=auth_token
+            address, max_message_bytes=max_message_bytes, auth_token=auth_token, tls=tls
         )
         self._stub = rollout_pb2_grpc.RolloutServiceStub(self._channel)
 

@@ -187,6 +187,7 @@ class RolloutService:
             max_message_bytes=s.max_message_bytes,
             outage_budget_s=s.peer_outage_budget_s,
             peer=self.metrics.peers.peer("buffer", s.buffer.address),
+            tls=s.tls,
         )
         reward = RewardClient(
             s.reward.address,
@@ -195,6 +196,7 @@ class RolloutService:
             timeout=max(60.0, cfg.reward.deadline_ms / 1000.0 * 4),
             outage_budget_s=s.peer_outage_budget_s,
             peer=self.metrics.peers.peer("reward", s.reward.address),
+            tls=s.tls,
         )
         self._clients = [buffer, reward]
         sampling = SamplingParams.from_gconfig(cfg.gconfig)

@@ -13,6 +13,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from flywheel_proto.v1 import common_pb2, trainer_pb2, trainer_pb2_grpc
+from services.common.config.services import TLSConfig
 from services.common.grpc_client import RetryingClient, make_channel
 from services.common.grpc_server import DEFAULT_MAX_MESSAGE_BYTES
 from services.common.outage import PeerHealth
@@ -79,10 +80,11 @@ class TrainerClient(RetryingClient):
         outage_budget_s: float = DEFAULT_OUTAGE_BUDGET_S,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         peer: PeerHealth | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
         self._retry_settings("trainer", address, timeout, retries, outage_budget_s, peer)
         self._channel = make_channel(
-            address, max_message_bytes=max_message_bytes, auth_token=auth_token
+            address, max_message_bytes=max_message_bytes, auth_token=auth_token, tls=tls
         )
         self._stub = trainer_pb2_grpc.TrainerServiceStub(self._channel)
 

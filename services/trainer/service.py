@@ -105,6 +105,7 @@ class TrainerService:
                     max_message_bytes=s.max_message_bytes,
                     outage_budget_s=s.peer_outage_budget_s,
                     peer=peers.peer("buffer", s.buffer.address) if peers is not None else None,
+                    tls=s.tls,
                 )
                 parity = (
                     ParityProbe.from_config(

@@ -133,6 +133,7 @@ class WeightPublisher:
                 weight_update_timeout=timeout,
                 timeout=min(60.0, timeout),
                 peer=peers.peer(f"rollout-{i}", a) if peers is not None else None,
+                tls=cfg.services.tls,
             )
             for i, a in enumerate(self.addresses)
         }

@@ -226,8 +226,7 @@ def _pem_pair(
 @pytest.fixture
 def pki(tmp_path):  # noqa: ANN001, ANN201
     """A CA, a server and a client certificate (cert-manager's file names), and a TLSConfig
-    factory; the process's default client TLS is put back afterwards."""
-    from services.common import grpc_client
+    factory."""
     from services.common.config.services import TLSConfig
 
     ca_pem, _, ca_cert, ca_key = _pem_pair("flywheel-test-ca", ca=True)
@@ -247,8 +246,7 @@ def pki(tmp_path):  # noqa: ANN001, ANN201
             require_client_cert=mtls,
         )
 
-    yield make
-    grpc_client.set_default_tls(None)
+    return make
 
 
 async def _echo_code(address: str, **channel_kw) -> grpc.StatusCode:  # noqa: ANN003
@@ -372,8 +370,10 @@ async def test_a_real_buffer_over_mtls_lets_each_role_do_only_its_part(
         )
     )
     await service.start()
-    rollout = BufferClient(service.address, auth_token="rollout-tok", retries=0)
-    trainer = BufferClient(service.address, auth_token="trainer-tok", retries=0)
+    # Each client is handed its TLS settings: here the server's certificate, signed by the CA.
+    tls = pki("server", mtls=True)
+    rollout = BufferClient(service.address, auth_token="rollout-tok", retries=0, tls=tls)
+    trainer = BufferClient(service.address, auth_token="trainer-tok", retries=0, tls=tls)
     try:
         assert (await rollout.put(make_group("g1"))).result == "admitted"
         assert await trainer.set_version(1) == 1
@@ -383,7 +383,7 @@ async def test_a_real_buffer_over_mtls_lets_each_role_do_only_its_part(
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await trainer.put(make_group("g2"))
         assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
-        # The default client TLS is the server's (it has the certificate); without it:
+        # Without a client certificate:
         from services.common.config.services import TLSConfig
         from services.common.grpc_client import make_channel
 
