@@ -24,6 +24,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from .schema import flywheel_fields
+
 _ABSENT = object()
 
 MAPPED = "mapped"
@@ -374,8 +376,6 @@ def areal_hint(path: str) -> str | None:
 def areal_markers(raw: dict[str, Any]) -> list[str]:
     """Dotted keys of `raw` that only AReaL has: the evidence that a file is an AReaL
     config. Empty for a Flywheel file."""
-    from .loader import flywheel_fields
-
     found: list[str] = []
     for path, names in AREAL_FIELDS.items():
         for node_path, node in _blocks(raw, path):
@@ -828,8 +828,6 @@ class _Translator:
                 )
 
     def launcher(self) -> None:
-        from .loader import flywheel_fields
-
         block = self.get("launcher")
         known = flywheel_fields("launcher") or set()
         if isinstance(block, dict):
@@ -934,8 +932,6 @@ class _Translator:
 
     def leftovers(self) -> None:
         """Every other AReaL-only key: accepted and reported as ignored."""
-        from .loader import flywheel_fields
-
         handled = {row.key for row in self.rows}
         for path, names in AREAL_FIELDS.items():
             for node_path, node in _blocks(self.out, path):

@@ -22,8 +22,6 @@ import difflib
 import logging
 import os
 import re
-import types
-import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
@@ -39,6 +37,7 @@ from .areal_compat import Translation
 from .dataset import is_hub_id, resolve_hub_dataset, reward_for
 from .errors import ConfigError, ConfigIssue
 from .root import SERVICE_BLOCKS, FlywheelConfig
+from .schema import _child, _is_dict, _is_list, _is_model, _unwrap, flywheel_fields
 
 _MISSING = "<missing>"
 _FLOAT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$|^[+-]?(inf|nan)$", re.IGNORECASE)
@@ -48,58 +47,8 @@ _INTERP = re.compile(r"\$\{([^${}]+)\}")
 # --------------------------------------------------------------------------- schema
 
 
-def _unwrap(annotation: Any) -> Any:
-    """The annotation with `None` removed from unions (Optional[X] -> X)."""
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        if len(args) == 1:
-            return _unwrap(args[0])
-        return annotation
-    return annotation
-
-
-def _is_model(annotation: Any) -> bool:
-    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
-
-
-def _is_dict(annotation: Any) -> bool:
-    return annotation is dict or typing.get_origin(annotation) is dict
-
-
-def _is_list(annotation: Any) -> bool:
-    return annotation is list or typing.get_origin(annotation) in (list, tuple)
-
-
-def _child(annotation: Any, key: str) -> Any:
-    """Annotation of `key` below `annotation` (a model, dict or list annotation)."""
-    ann = _unwrap(annotation)
-    if _is_model(ann):
-        field = ann.model_fields.get(key)
-        return None if field is None else field.annotation
-    if _is_dict(ann):
-        args = typing.get_args(ann)
-        return args[1] if len(args) == 2 else Any
-    if _is_list(ann):
-        args = typing.get_args(ann)
-        return args[0] if args else Any
-    return None
-
-
 def _known_keys(model: type[BaseModel]) -> list[str]:
     return list(model.model_fields)
-
-
-def flywheel_fields(dotted: str) -> set[str] | None:
-    """Field names of the Flywheel block at `dotted` (`""` is the root, `actor.optimizer`
-    a nested block); None when that path is not a block."""
-    ann: Any = FlywheelConfig
-    for part in [p for p in dotted.split(".") if p]:
-        ann = _child(ann, part)
-        if ann is None:
-            return None
-    cur = _unwrap(ann)
-    return set(cur.model_fields) if _is_model(cur) else None
 
 
 def _suggest(model: type[BaseModel], key: str, prefix: str) -> str:
