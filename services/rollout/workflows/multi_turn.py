@@ -3,7 +3,7 @@
 Each sample is one episode. After an answer scored below `success_threshold`, a feedback
 message is appended (not trained on: loss_mask 0) and the model answers again. Every turn
 is scored, and the per-turn rewards r_0..r_{T-1} are propagated backwards with AReaL's
-`turn_discount` walk (`services.trainer.algorithms.discount_turn_rewards`, AReaL's
+`turn_discount` walk (`services.core.turn_discount.discount_turn_rewards`, AReaL's
 `apply_reward_discount` in areal/experimental/openai/cache.py): from the last turn to the
 first, cur = cur * turn_discount + r_i, so turn i is worth
 G_i = r_i + γ r_{i+1} + ... + γ^{T-1-i} r_{T-1}. The episode's reward is G_0, the return
@@ -21,9 +21,9 @@ import json
 from typing import Any
 
 from services.core.contracts import InferenceEngine, WorkflowContext
+from services.core.turn_discount import discount_turn_rewards
 from services.core.types import SamplingParams, ScoreRequest, Trajectory, TrajectoryGroup
 from services.rollout.workflows.base import build_trajectory, make_group, reward_kwargs
-from services.trainer.algorithms.turn_discount import discount_turn_rewards
 
 DEFAULT_FEEDBACK = "Your answer is either wrong or not parsable. Please try again.\n"
 

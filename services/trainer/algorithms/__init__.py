@@ -25,8 +25,6 @@ Advantages
     scaling / clip, `reward_norm`, KL shaping (k1/k2/k3 against a reference), GAE over
     tokens or turns with per-trajectory λ, `adv_norm`.
     `normalize(...)`, `normalize_with(x, NormConfig, ...)`, `NormSpec`.
-    `discount_turn_rewards(rewards, turn_discount) -> list[float]` — AReaL's multi-turn
-    `turn_discount` walk, G_i = r_i + γ G_{i+1} (torch-free; the multi-turn workflow's).
 Losses
     `ppo_actor_loss(...) -> (loss, stats)` — clip / dual clip / clip-higher, token or
     sequence (GSPO) ratios, decoupled PPO, SAPO, CISPO, M2PO, rejection sampling
@@ -78,7 +76,6 @@ _EXPORTS: dict[str, str] = {
     "resolve_gae_lambda": "gae_lambda",
     "overlong_penalty": "rewards",
     "shape_rewards": "rewards",
-    "discount_turn_rewards": "turn_discount",
     "KL_ESTIMATORS": "kl",
     "binary_kl_symmetric": "kl",
     # losses
@@ -152,7 +149,6 @@ __all__ = [
     "critic_loss",
     "critic_loss_from_config",
     "critic_loss_kwargs",
-    "discount_turn_rewards",
     "gae_lambda_context",
     "gae_token_level",
     "gae_turn_level",
@@ -229,4 +225,3 @@ if TYPE_CHECKING:  # pragma: no cover - static analysers see the real names
         token_reductions,
     )
     from .surrogates import SURROGATES, SurrogateParams
-    from .turn_discount import discount_turn_rewards

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-import services.trainer.algorithms as algorithms
+from services.core.turn_discount import discount_turn_rewards
 from services.rollout.workflows import multi_turn
-from services.trainer.algorithms.turn_discount import discount_turn_rewards
 
 
 def test_backward_walk_hand_computed() -> None:
@@ -49,9 +48,7 @@ def test_out_of_range_discount_is_refused() -> None:
             discount_turn_rewards([1.0], bad)
 
 
-def test_public_and_the_workflow_uses_it() -> None:
-    assert algorithms.discount_turn_rewards is discount_turn_rewards
-    assert "discount_turn_rewards" in algorithms.__all__
+def test_the_workflow_uses_it() -> None:
     assert multi_turn.discount_turn_rewards is discount_turn_rewards
 
 
@@ -59,7 +56,7 @@ def test_importing_it_does_not_import_torch() -> None:
     # the rollout imports it; the module stays torch-free like `filters`
     code = (
         "import sys\n"
-        "import services.trainer.algorithms.turn_discount\n"
+        "import services.core.turn_discount\n"
         "assert 'torch' not in sys.modules, [m for m in sys.modules if 'torch' in m][:5]\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[3])

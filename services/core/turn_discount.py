@@ -9,7 +9,8 @@ counts as 0. This is AReaL's `apply_reward_discount` (areal/experimental/openai/
 with 0/1 rewards where only the last turn can score, G_0 = γ^{T-1} r_{T-1}, the reward of
 AReaL's `MultiTurnWorkflow` (areal/workflow/multi_turn.py).
 
-Torch-free on purpose: the rollout's multi-turn workflow imports it.
+Shared by the rollout's multi-turn workflow (which scores an episode with it) and the
+trainer's algorithms; torch-free.
 """
 
 from __future__ import annotations
