@@ -95,7 +95,7 @@ def check_invariants(
 
 def ledger_summary(run_dir: Path, buffer_stats: dict[str, Any]) -> dict[str, Any]:
     """The trainer's acknowledgement ledger (`<run_dir>/ledger.json`, written by
-    services/trainer/loop.py) beside the buffer's `acked_total`: the groups the final weights
+    services/trainer/ledger.py) beside the buffer's `acked_total`: the groups the final weights
     account for plus those acknowledged by trainers that died after their last checkpoint
     (`acked_lost_with_crash`, trained by weights that are gone) must equal what the buffer
     counts as acknowledged. No ledger file (a trainer that never acknowledged): all zero."""

@@ -2,7 +2,9 @@
 
 Rank 0 decides what happens next and tells the other ranks with one small JSON command
 per iteration (`train`, `save`, `idle`, `stop`); a `train` command is followed by the
-claimed groups as protobuf bytes, so every rank trains on exactly the same batch.
+claimed groups as protobuf bytes, so every rank trains on exactly the same batch. Rank 0
+decodes the groups it claimed once and broadcasts the messages as they arrived from the buffer;
+the other ranks decode those bytes once.
 
 Order of one step (rank 0's side in brackets):
   claim [buffer] -> train (all ranks) -> checkpoint if due (all ranks)
@@ -11,39 +13,12 @@ Order of one step (rank 0's side in brackets):
   -> metrics line.
 The checkpoint is written before the ack and records the batch's group ids, so a crash
 between the two is repaired on resume by acknowledging them again (acks are idempotent).
-With eta > 0 and `trainer.overlap_weight_publication` (the default), rank 0 copies the
-gathered weights and publishes them on the I/O loop while every rank goes on to the next
-claim and step; the next publication first waits for this one (phase `publish_wait`), and
-the step's metrics line is written once its publication is complete (a copy waits in
-`metrics.pending/` from before the step's checkpoint until then; resume step 5 restores the
-lines of checkpointed steps from it). A crash with a publication in flight is covered by
-resume step 3: the replicas may or may not serve that version, and the restored weights get
-a version above both.
 
-Resume (`trainer.recover: auto`), in this order, before the first claim:
-1. load the latest checkpoint: step s, version v_ckpt, weights, optimizer, schedulers, RNG;
-2. acknowledge the checkpoint's own batch again (the crash may have come before its ack);
-3. choose the version: v_ckpt, unless the buffer or a rollout replica has seen a higher one
-   (the dead trainer went on past the checkpoint and published its weights). Then the
-   restored weights get v = max(buffer, replicas) + 1: versions never repeat, so a version
-   tag names one set of weights, and every token already generated or being generated has
-   v_behave < v;
-4. set that version on the buffer and publish the restored weights to every replica that
-   does not serve it;
-5. cut `metrics.jsonl` back to step s: the records of steps trained after the checkpoint
-   move to `metrics.lost.jsonl` (their weights are gone; the step numbers are trained again);
-6. repeat the claim that was in flight when the old process died (its request id is kept
-   in `<run_dir>/trainer_claim.json`): the buffer hands back those groups that are still
-   fresh at v (v - v_behave <= eta) and drops the others as stale, so they are trained once
-   and within the bound, without waiting for the buffer's idle-time redelivery.
-Groups acknowledged after the checkpoint were trained by weights that are gone: they stay
-acknowledged (the buffer's ledger counts them once) and are never served again; that is the
-cost of a checkpoint interval, and `save_freq_steps` bounds it. The resumed trainer counts
-them: the checkpoint records how many groups its weights account for (`acked_groups`: every
-claimed batch up to and including its own, trained or filtered out), and the buffer's
-`acked_total` minus that (and minus earlier crashes' count) is `acked_lost_with_crash`,
-logged and kept in `<run_dir>/ledger.json` (`LEDGER_FILE`; the launcher's `summary.json`
-shows it beside the buffer's count), so the two ledgers match after every resume.
+The loop owns the order of these steps across ranks; each step's details live in a module of
+its own: `resume.py` (what a restarted trainer does before its first claim, and why),
+`ledger.py` (the acknowledgement counts a crash must not lose), `step_records.py` (the lines
+of `metrics.jsonl`, and how they are put right after a crash), `background_publication.py`
+(eta > 0: a step's weights published while the next step trains).
 
 A run that reached `total_train_steps` writes `completed.json` next to its checkpoints
 (see `lifecycle.py`); every exit writes `<run_dir>/trainer_exit.json`.
@@ -52,72 +27,47 @@ A run that reached `total_train_steps` writes `completed.json` next to its check
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import os
 import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import torch
-
 from flywheel_proto.v1 import buffer_pb2
-from services.buffer.client import BufferClient, VersionRegressionError
-from services.common.codec import group_from_proto, group_to_proto
+from services.buffer.client import BufferClient, ClaimResult, VersionRegressionError
+from services.common.codec import group_from_proto
 from services.common.config import FlywheelConfig
 from services.core.types import TrajectoryGroup
 from services.trainer import checkpoint as ckpt
 from services.trainer import lifecycle
+from services.trainer.background_publication import (
+    PendingStep,
+    publish_and_probe,
+    snapshot_state_dict,
+)
 from services.trainer.control import Control, SavedCheckpoint
 from services.trainer.dist import broadcast_bytes, broadcast_json
 from services.trainer.io_loop import IOLoop
+from services.trainer.ledger import Ledger
 from services.trainer.metrics import JsonlWriter, TrainerMetrics
 from services.trainer.paths import RunPaths
 from services.trainer.ppo import PPOTrainer, StepResult
+from services.trainer.resume import claim_in_flight, record_claim, resume_version
+from services.trainer.step_records import (
+    PENDING_RECORDS_DIR,
+    cut_metrics,
+    pending_record_path,
+    step_record,
+)
 from services.trainer.tracking import Tracker
 from services.trainer.weight_sync import PublishReport, WeightPublisher
 
 log = logging.getLogger(__name__)
 
-CLAIM_FILE = "trainer_claim.json"
-LOST_METRICS_FILE = "metrics.lost.jsonl"
-LEDGER_FILE = "ledger.json"
-PENDING_RECORDS_DIR = "metrics.pending"
-"""Next to `metrics.jsonl`: one JSON file per trained step whose line is not written yet (it
-waits for the step's publication). Written before the step's checkpoint, so a trainer that
-dies with the line unwritten leaves it here, and the resumed one restores the lines of the
-steps its checkpoint holds (`_cut_metrics`)."""
-INTERRUPTED_PUBLICATION = "interrupted: the trainer stopped before the replicas confirmed it"
-
 
 def consumer_id(cfg: FlywheelConfig) -> str:
     return cfg.trainer.consumer_id or f"trainer-{cfg.experiment_name}-{cfg.trial_name}"
-
-
-@dataclass
-class _PendingStep:
-    """A trained step whose weights are being published in the background
-    (`trainer.overlap_weight_publication`): its record waits for the publication's report."""
-
-    publication: Future[PublishReport]
-    result: StepResult
-    phases: dict[str, float]
-    ids: list[str]
-    step: int
-    version: int
-    step_seconds: float
-    wall_time: float
-
-
-def snapshot_state_dict(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Copies of `sd`'s tensors: a gathered state dict may share storage with the live
-    parameters (one rank, CPU), which the next optimizer step overwrites in place while a
-    background publication still reads them."""
-    return {k: t.detach().clone() for k, t in sd.items()}
 
 
 class TrainerLoop:
@@ -152,16 +102,12 @@ class TrainerLoop:
         self.consumer = consumer_id(cfg)
         self.consumed_groups = 0
         self.consumed_trajectories = 0
-        # The ledger against the buffer's acked_total (see the module docstring).
-        self.acked_groups = 0
-        self.acked_lost_with_crash = 0
-        self.resumes = 0
-        self._reconciled: dict[str, Any] = {}  # this process's reconciliation, if any
+        self.ledger = Ledger()  # against the buffer's acked_total (see ledger.py)
         self.last_batch_ids: list[str] = []
         self.last_saved_step = -1
         self._waiting_since: float | None = None
         self._replay_request_id: str | None = None
-        self._pending: _PendingStep | None = None  # rank 0: a publication in flight
+        self._pending: PendingStep | None = None  # rank 0: a publication in flight
         if self.ctx.is_main and (io is None or buffer is None):
             raise ValueError("rank 0 needs the I/O loop and a buffer client")
 
@@ -170,13 +116,7 @@ class TrainerLoop:
         assert self.io is not None
         return self.io.run(coro, timeout)
 
-    def _record_claim(self, request_id: str) -> None:
-        path = self.paths.run_dir / CLAIM_FILE
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"request_id": request_id, "step": self.trainer.step + 1}))
-        os.replace(tmp, path)
-
-    def _claim(self) -> list[TrajectoryGroup]:
+    def _claim(self) -> ClaimResult:
         assert self.buffer is not None
         n = self.cfg.rollout.consumer_batch_size
         if self._replay_request_id is not None:
@@ -184,15 +124,14 @@ class TrainerLoop:
             self._replay_request_id = None
         else:
             rid, wait_ms = f"{self.consumer}:{uuid.uuid4().hex}", self.cfg.trainer.claim_wait_ms
-            self._record_claim(rid)
-        result = self._io(
+            record_claim(self.paths.run_dir, rid, self.trainer.step + 1)
+        return self._io(
             self.buffer.claim(n, consumer_id=self.consumer, wait_ms=wait_ms, request_id=rid),
             timeout=self.buffer.longest_call_s(self.buffer.timeout + wait_ms / 1000) + 30,
         )
-        return result.groups
 
-    def _decide(self) -> tuple[dict[str, Any], bytes | None]:
-        """Rank 0: the next command for every rank (and the batch bytes for `train`)."""
+    def _decide(self) -> tuple[dict[str, Any], ClaimResult | None]:
+        """Rank 0: the next command for every rank (and the claimed batch for `train`)."""
         if self._pending is not None and self._pending.publication.done():
             self._finish_pending()
         total = self.cfg.total_train_steps
@@ -209,8 +148,8 @@ class TrainerLoop:
         self.control.update(phase="waiting_for_data")
         if self._waiting_since is None:
             self._waiting_since = time.monotonic()
-        groups = self._claim()
-        if not groups:
+        claimed = self._claim()
+        if not claimed.groups:  # decoded (and validated) once, here, where a bad group fails
             waited = time.monotonic() - self._waiting_since
             if waited > self.cfg.trainer.batch_timeout:
                 return {
@@ -219,12 +158,25 @@ class TrainerLoop:
                     f"(trainer.batch_timeout={self.cfg.trainer.batch_timeout})",
                 }, None
             return {"op": "idle"}, None
-        payload = buffer_pb2.ClaimResponse(
-            groups=[group_to_proto(g) for g in groups]
-        ).SerializeToString()
         wait = time.monotonic() - self._waiting_since
         self._waiting_since = None
-        return {"op": "train", "wait_batch": wait}, payload
+        return {"op": "train", "wait_batch": wait}, claimed
+
+    def _broadcast_batch(self, claimed: ClaimResult | None) -> list[TrajectoryGroup]:
+        """Every rank: the batch rank 0 claimed. Rank 0 decodes its messages once and sends
+        them as they arrived; the other ranks decode the bytes once."""
+        if self.ctx.world_size == 1:
+            assert claimed is not None
+            return claimed.groups
+        payload = None
+        if self.ctx.is_main:
+            assert claimed is not None
+            payload = buffer_pb2.ClaimResponse(groups=claimed.messages).SerializeToString()
+        raw = broadcast_bytes(payload)
+        if self.ctx.is_main:
+            assert claimed is not None
+            return claimed.groups
+        return [group_from_proto(g) for g in buffer_pb2.ClaimResponse.FromString(raw).groups]
 
     # -- the loop ----------------------------------------------------------------------------
     def run(self) -> int:
@@ -279,18 +231,16 @@ class TrainerLoop:
         while True:
             if self.ctx.is_main:
                 try:
-                    cmd, payload = self._decide()
+                    cmd, claimed = self._decide()
                 except Exception as exc:  # noqa: BLE001 - tell the other ranks, then fail
                     log.exception("rank 0 could not get the next batch")
-                    cmd, payload = {"op": "fail", "reason": f"{type(exc).__name__}: {exc}"}, None
+                    cmd, claimed = {"op": "fail", "reason": f"{type(exc).__name__}: {exc}"}, None
             else:
-                cmd, payload = None, None
+                cmd, claimed = None, None
             cmd = broadcast_json(cmd)
             op = cmd["op"]
             if op == "train":
-                raw = broadcast_bytes(payload)
-                msg = buffer_pb2.ClaimResponse.FromString(raw)
-                groups = [group_from_proto(g) for g in msg.groups]
+                groups = self._broadcast_batch(claimed)
                 self._train_step(groups, wait_batch=float(cmd.get("wait_batch", 0.0)))
             elif op == "save":
                 futures = self.control.take_save_requests() if self.ctx.is_main else []
@@ -350,7 +300,7 @@ class TrainerLoop:
         t0 = time.perf_counter()
         ids = [g.group_id for g in groups]
         kept = self._dynamic_filter(groups)
-        self.acked_groups += len(ids)  # before the checkpoint, which records it
+        self.ledger.acked_groups += len(ids)  # before the checkpoint, which records it
         if not kept:  # nothing to learn from: consume the batch and claim the next one
             if self.ctx.is_main:
                 self._ack(ids)
@@ -367,8 +317,16 @@ class TrainerLoop:
         phases.pop("step", None)
         phases["wait_batch"] = wait_batch
         if self.ctx.is_main:  # before the checkpoint: see PENDING_RECORDS_DIR
-            record = self._step_record(result, phases, ids, time.perf_counter() - t0)
-            lifecycle.write_json_atomic(self._pending_record_path(self.trainer.step), record)
+            record = step_record(
+                result,
+                phases,
+                ids,
+                time.perf_counter() - t0,
+                step=self.trainer.step,
+                version=self.trainer.version,
+            )
+            path = pending_record_path(self.paths.metrics_jsonl, self.trainer.step)
+            lifecycle.write_json_atomic(path, record)
 
         freq = self.cfg.trainer.save_freq_steps
         if freq is not None and self.trainer.step % freq == 0:
@@ -401,7 +359,7 @@ class TrainerLoop:
                     snap = snapshot_state_dict(sd)
                     phases["publish_wait"] = self._finish_pending()
                     publication = self._io_submit(
-                        self._publish_and_probe(snap, self.trainer.version)
+                        publish_and_probe(self.publisher, snap, self.trainer.version)
                     )
                 else:
                     report = self._io(self.publisher.publish(sd, self.trainer.version))
@@ -414,7 +372,7 @@ class TrainerLoop:
         if not self.ctx.is_main:
             return
         if publication is not None:
-            self._pending = _PendingStep(
+            self._pending = PendingStep(
                 publication=publication,
                 result=result,
                 phases=phases,
@@ -430,13 +388,6 @@ class TrainerLoop:
     def _io_submit(self, coro: Any) -> Future[Any]:
         assert self.io is not None
         return self.io.submit(coro)
-
-    async def _publish_and_probe(self, sd: dict[str, torch.Tensor], version: int) -> PublishReport:
-        """The asynchronous-mode publication of `sd` as `version`, run on the I/O loop while
-        the main thread trains on; the parity probe follows as it does inline."""
-        assert self.publisher is not None
-        report = await self.publisher.publish(sd, version)
-        return await self.publisher.check_parity(sd, report)
 
     def _finish_pending(self) -> float:
         """Rank 0: wait for the publication in flight, if any, and write its step's record;
@@ -463,22 +414,7 @@ class TrainerLoop:
         assert self.buffer is not None
         if ids:
             self._io(self.buffer.ack(ids, consumer_id=self.consumer))
-            self._write_ledger()
-
-    def _write_ledger(self) -> None:
-        """Rank 0: `<run_dir>/ledger.json`, the trainer's side of the acknowledgement ledger:
-        groups the live weights account for plus those lost with dead trainers equal the
-        buffer's acked_total (the launcher compares them in `summary.json`)."""
-        lifecycle.write_json_atomic(
-            self.paths.run_dir / LEDGER_FILE,
-            {
-                "step": self.trainer.step,
-                "trainer_acked": self.acked_groups,
-                "acked_lost_with_crash": self.acked_lost_with_crash,
-                "resumes": self.resumes,
-                **self._reconciled,
-            },
-        )
+            self.ledger.write(self.paths.run_dir, self.trainer.step)
 
     def _set_buffer_version(self, version: int) -> None:
         assert self.buffer is not None
@@ -506,7 +442,7 @@ class TrainerLoop:
         publication; by default the trainer's current ones."""
         step = self.trainer.step if step is None else step
         version = self.trainer.version if version is None else version
-        record = self._step_record(
+        record = step_record(
             r, phases, ids, step_seconds, step=step, version=version, wall_time=wall_time
         )
         if report is not None:
@@ -515,7 +451,7 @@ class TrainerLoop:
             record["replicas_failed"] = sorted(report.failed)
         assert self.jsonl is not None
         self.jsonl.write(record)
-        self._pending_record_path(step).unlink(missing_ok=True)
+        pending_record_path(self.paths.metrics_jsonl, step).unlink(missing_ok=True)
         if self.tracker is not None:
             self.tracker.log(record)
         if self.metrics is not None:
@@ -546,53 +482,6 @@ class TrainerLoop:
                 },
             )
 
-    def _pending_record_path(self, step: int) -> Path:
-        return self.paths.metrics_jsonl.with_name(PENDING_RECORDS_DIR) / f"step-{step:08d}.json"
-
-    def _step_record(
-        self,
-        r: StepResult,
-        phases: dict[str, float],
-        ids: list[str],
-        step_seconds: float,
-        *,
-        step: int | None = None,
-        version: int | None = None,
-        wall_time: float | None = None,
-    ) -> dict[str, Any]:
-        """The step's line of `metrics.jsonl` without the publication's fields."""
-        step = self.trainer.step if step is None else step
-        version = self.trainer.version if version is None else version
-        train_s = phases.get("train", 0.0)
-        record: dict[str, Any] = {
-            "step": step,
-            "version": version,
-            "task_reward": r.stats.get("task_reward"),
-            "staleness_max": r.stats.get("staleness_max", 0.0),
-            "staleness_avg": r.stats.get("staleness_avg", 0.0),
-            "importance_weight": r.stats.get("importance_weight/avg"),
-            "behave_imp_weight": r.stats.get("behave_imp_weight/avg"),
-            "no_eos_ratio": r.stats.get("no_eos_ratio"),
-            "loss": r.loss,
-            "losses": r.minibatch_losses,
-            "grad_norm": r.grad_norm,
-            "lr": r.lr,
-            "samples": r.n_seqs,
-            "tokens": r.n_tokens,
-            "tokens_per_second": r.n_tokens / train_s if train_s > 0 else 0.0,
-            "skipped_updates": r.skipped_updates,
-            "prox_forwards": r.prox_forwards,
-            "step_seconds": step_seconds,
-            "phase_seconds": phases,
-            "group_ids": ids,
-            "staleness_per_seq": r.staleness_per_seq,
-            "stats": r.stats,
-            "wall_time": time.time() if wall_time is None else wall_time,
-        }
-        if r.critic_loss is not None:
-            record["critic_loss"] = r.critic_loss
-        return record
-
     # -- checkpoints -------------------------------------------------------------------------
     def _trainer_state(self) -> dict[str, Any]:
         return {
@@ -602,9 +491,9 @@ class TrainerLoop:
             "data_position": {
                 "consumed_groups": self.consumed_groups,
                 "consumed_trajectories": self.consumed_trajectories,
-                "acked_groups": self.acked_groups,
-                "acked_lost_with_crash": self.acked_lost_with_crash,
-                "resumes": self.resumes,
+                "acked_groups": self.ledger.acked_groups,
+                "acked_lost_with_crash": self.ledger.acked_lost_with_crash,
+                "resumes": self.ledger.resumes,
             },
             "buffer": {
                 "consumer_id": self.consumer,
@@ -666,9 +555,9 @@ class TrainerLoop:
             self.consumed_groups = int(pos.get("consumed_groups", 0))
             self.consumed_trajectories = int(pos.get("consumed_trajectories", 0))
             # A checkpoint from before the ledger: every consumed group was trained.
-            self.acked_groups = int(pos.get("acked_groups", self.consumed_groups))
-            self.acked_lost_with_crash = int(pos.get("acked_lost_with_crash", 0))
-            self.resumes = int(pos.get("resumes", 0))
+            self.ledger.acked_groups = int(pos.get("acked_groups", self.consumed_groups))
+            self.ledger.acked_lost_with_crash = int(pos.get("acked_lost_with_crash", 0))
+            self.ledger.resumes = int(pos.get("resumes", 0))
             self.last_batch_ids = list(state.get("buffer", {}).get("last_batch_group_ids", []))
             self.last_saved_step = self.trainer.step
             target_version = self.trainer.version
@@ -681,26 +570,28 @@ class TrainerLoop:
         if self.ctx.is_main:
             assert self.buffer is not None
             self.paths.run_dir.mkdir(parents=True, exist_ok=True)
-            claim_file = self.paths.run_dir / CLAIM_FILE
             previous_life = bool(name)
-            if self.cfg.trainer.recover == "auto" and claim_file.is_file():
-                self._replay_request_id = json.loads(claim_file.read_text()).get("request_id")
+            in_flight = claim_in_flight(self.paths.run_dir)
+            if self.cfg.trainer.recover == "auto" and in_flight is not None:
+                self._replay_request_id = in_flight
                 previous_life = True  # a trainer of this run claimed, perhaps before a checkpoint
             if self.last_batch_ids:
                 self._ack(self.last_batch_ids)  # the crash may have come before the ack
             if previous_life:
-                self._reconcile_ledger(name)
+                buffer_acked = int(self._io(self.buffer.stats()).acked_total)
+                self.ledger.reconcile(buffer_acked, name)
+                self.ledger.write(self.paths.run_dir, self.trainer.step)
             target_version, replicas = self._resume_version(target_version)
             if target_version > 0:
                 self._set_buffer_version(target_version)
             stale = [a for a, v in replicas.items() if v is None or v != target_version]
             needs_push = bool(stale) and target_version > 0
-            self._cut_metrics(self.trainer.step)
+            cut_metrics(self.paths.metrics_jsonl, self.trainer.step)
         target_version = int(broadcast_json(target_version))
         needs_push = bool(broadcast_json(needs_push))
         # Every rank's checkpoints carry the same ledger.
-        self.acked_lost_with_crash, self.resumes = broadcast_json(
-            [self.acked_lost_with_crash, self.resumes]
+        self.ledger.acked_lost_with_crash, self.ledger.resumes = broadcast_json(
+            [self.ledger.acked_lost_with_crash, self.ledger.resumes]
         )
         self.trainer.version = target_version
         if needs_push:
@@ -724,131 +615,12 @@ class TrainerLoop:
                     },
                 )
 
-    def _reconcile_ledger(self, checkpoint: str) -> None:
-        """Rank 0, on resume: the groups the buffer counts as acknowledged beyond what the
-        restored weights account for were acknowledged by the dead trainer after its last
-        checkpoint (trained by weights that are gone). Counted as `acked_lost_with_crash`,
-        logged, and written to the ledger file; a buffer short of the checkpoint's count
-        (Redis lost acknowledgements) is logged as an error and recorded too."""
-        assert self.buffer is not None
-        buffer_acked = int(self._io(self.buffer.stats()).acked_total)
-        diff = buffer_acked - self.acked_groups - self.acked_lost_with_crash
-        self.resumes += 1
-        self.acked_lost_with_crash += max(diff, 0)
-        self._reconciled = {
-            "buffer_acked_at_resume": buffer_acked,
-            "resumed_from": checkpoint or None,
-            "lost_this_crash": max(diff, 0),
-        }
-        if diff < 0:
-            self._reconciled["buffer_short_by"] = -diff
-            log.error(
-                "the buffer counts fewer acknowledged groups than the checkpoint accounts for "
-                "(Redis lost acknowledgements)",
-                extra={"buffer_acked": buffer_acked, "checkpoint_acked": self.acked_groups},
-            )
-        log.warning(
-            "ledger reconciled with the buffer after a crash",
-            extra={
-                "checkpoint_acked": self.acked_groups,
-                "buffer_acked": buffer_acked,
-                "acked_lost_with_crash": self.acked_lost_with_crash,
-                "lost_this_crash": max(diff, 0),
-            },
-        )
-        self._write_ledger()
-
     def _resume_version(self, version: int) -> tuple[int, dict[str, int | None]]:
-        """Rank 0: the version of the restored weights, and each replica's version now.
-
-        The checkpoint's version, unless the buffer or a replica has seen a higher one: the
-        dead trainer trained and published past its last checkpoint, and those weights are
-        gone. Reusing their numbers would give two sets of weights one tag and leave tokens
-        with v_behave > v; the restored weights get the next unused version instead."""
+        """Rank 0: the version of the restored weights (`resume.resume_version`), and each
+        replica's version now."""
         assert self.buffer is not None
         replicas: dict[str, int | None] = {}
         if self.publisher is not None and self.publisher.enabled:
             replicas = self._io(self.publisher.versions())
         have = self._io(self.buffer.get_version())
-        seen = max([have, *(v for v in replicas.values() if v is not None)])
-        if seen > version:
-            log.warning(
-                "the buffer or a replica is ahead of the checkpoint (the dead trainer went on "
-                "past it); the restored weights get a new version",
-                extra={
-                    "checkpoint_version": version,
-                    "buffer_version": have,
-                    "replica_versions": replicas,
-                    "version": seen + 1,
-                },
-            )
-            version = seen + 1
-        return version, replicas
-
-    def _take_pending_records(
-        self, step: int, seen: set[int], keep: list[str], lost: list[str]
-    ) -> None:
-        """Move the dead trainer's unwritten lines into `keep` (steps up to `step` not yet
-        in `metrics.jsonl`) or `lost` (steps after it), and clear the directory."""
-        folder = self.paths.metrics_jsonl.with_name(PENDING_RECORDS_DIR)
-        restored = False
-        for f in sorted(folder.glob("step-*.json")) if folder.is_dir() else []:
-            try:
-                record = json.loads(f.read_text())
-            except ValueError:  # cut short by the crash: that step's checkpoint is not there
-                record = None
-            new = (
-                isinstance(record, dict)
-                and isinstance(record.get("step"), int)
-                and record["step"] not in seen
-            )
-            if new:
-                assert isinstance(record, dict)
-                record["publication"] = INTERRUPTED_PUBLICATION
-                if record["step"] <= step:
-                    keep.append(json.dumps(record))
-                    restored = True
-                else:
-                    lost.append(json.dumps(record))
-            f.unlink(missing_ok=True)
-        if restored:
-            keep.sort(key=lambda x: json.loads(x).get("step", 0))
-
-    def _cut_metrics(self, step: int) -> None:
-        """Rank 0: `metrics.jsonl` keeps the steps up to the resumed one, each once; records
-        of steps after it (trained by weights that are gone) move to `metrics.lost.jsonl`.
-        A step the checkpoint holds whose line the dead trainer never wrote (its publication
-        was in flight) gets it from `PENDING_RECORDS_DIR`, marked as interrupted."""
-        path = self.paths.metrics_jsonl
-        keep: list[str] = []
-        lost: list[str] = []
-        lines = [x for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
-        seen: set[int] = set()
-        for line in lines:
-            try:
-                record_step = json.loads(line).get("step")
-            except ValueError:  # a line cut short by the crash
-                continue
-            if isinstance(record_step, int):
-                seen.add(record_step)
-            (lost if isinstance(record_step, int) and record_step > step else keep).append(line)
-        self._take_pending_records(step, seen, keep, lost)
-        if keep == lines and not lost:
-            return
-        lost_groups = sum(len(json.loads(x).get("group_ids", [])) for x in lost)
-        with open(path.with_name(LOST_METRICS_FILE), "a") as fh:
-            fh.writelines(x + "\n" for x in lost)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(x + "\n" for x in keep))
-        os.replace(tmp, path)
-        if lost:
-            log.warning(
-                "steps after the checkpoint were lost with the old trainer; they are trained "
-                "again (their groups stay acknowledged)",
-                extra={
-                    "resumed_at_step": step,
-                    "lost_steps": [json.loads(x).get("step") for x in lost],
-                    "lost_groups": lost_groups,
-                    "moved_to": str(path.with_name(LOST_METRICS_FILE)),
-                },
-            )
+        return resume_version(version, have, replicas), replicas

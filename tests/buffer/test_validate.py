@@ -221,7 +221,7 @@ async def test_set_version_stays_within_one_step(make_buffer: BufferFactory) -> 
 
 @pytest.mark.integration
 async def test_set_version_allows_what_a_resumed_trainer_does(make_buffer: BufferFactory) -> None:
-    # services/trainer/loop.py `_resume_version`: the checkpoint's version, or one past the
+    # services/trainer/resume.py `resume_version`: the checkpoint's version, or one past the
     # highest the buffer or a replica saw. On a fresh buffer (version 0) the checkpoint's
     # version is set in one jump; on the same buffer it is at most current + 1.
     _, client = await make_buffer()

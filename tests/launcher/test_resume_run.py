@@ -117,7 +117,7 @@ def test_kill_after_a_checkpoint_then_the_same_command_resumes_it(tmp_path: Path
     ckpt = _latest_checkpoint_step(run_dir)
     assert ckpt == SAVE_EVERY and before[-1]["step"] > ckpt  # steps past the checkpoint die
     # Lines the dead trainer had not written yet (their publication was in flight) wait in
-    # metrics.pending/; those past the checkpoint are lost too (services/trainer/loop.py).
+    # metrics.pending/; those past the checkpoint are lost too (services/trainer/step_records.py).
     pending = _pending_records(run_dir)
     assert not [r for r in pending if r["step"] <= ckpt]  # step 5's line was written, so 4's
     lost_steps = sorted([r["step"] for r in before + pending if r["step"] > ckpt])

@@ -1,4 +1,4 @@
-"""The trainer's step lines across a crash (services/trainer/loop.py `_cut_metrics`).
+"""The trainer's step lines across a crash (services/trainer/step_records.py `cut_metrics`).
 
 A step's line of `metrics.jsonl` is written once its weights are published, which with
 `trainer.overlap_weight_publication` happens while the next step trains; the step's
@@ -13,20 +13,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
-from services.trainer.loop import (
+from services.trainer.step_records import (
     INTERRUPTED_PUBLICATION,
     LOST_METRICS_FILE,
     PENDING_RECORDS_DIR,
-    TrainerLoop,
+    cut_metrics,
 )
-
-
-def _loop(metrics: Path) -> TrainerLoop:
-    loop = TrainerLoop.__new__(TrainerLoop)  # only the run paths are needed here
-    loop.paths = SimpleNamespace(metrics_jsonl=metrics)  # type: ignore[assignment]
-    return loop
 
 
 def _line(step: int) -> str:
@@ -50,7 +43,7 @@ def test_checkpointed_steps_get_their_unwritten_lines_back(tmp_path: Path) -> No
     metrics.write_text("".join(_line(s) + "\n" for s in (1, 2)))
     for step in (3, 4, 5):
         _pending(metrics, step)
-    _loop(metrics)._cut_metrics(4)
+    cut_metrics(metrics, 4)
     assert _steps(metrics) == [1, 2, 3, 4]
     restored = [json.loads(x) for x in metrics.read_text().splitlines()][2:]
     assert all(r["publication"] == INTERRUPTED_PUBLICATION for r in restored)
@@ -66,7 +59,7 @@ def test_a_line_written_before_the_kill_is_not_written_twice(tmp_path: Path) -> 
     metrics.write_text("".join(_line(s) + "\n" for s in (1, 2, 3)))
     _pending(metrics, 3)
     _pending(metrics, 4, text='{"step": 4, "group_')
-    _loop(metrics)._cut_metrics(2)
+    cut_metrics(metrics, 2)
     assert _steps(metrics) == [1, 2]
     assert _steps(metrics.with_name(LOST_METRICS_FILE)) == [3]
     assert not list(metrics.with_name(PENDING_RECORDS_DIR).iterdir())
@@ -78,6 +71,6 @@ def test_nothing_pending_and_nothing_after_the_checkpoint_leaves_the_file_alone(
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text("".join(_line(s) + "\n" for s in (1, 2)))
     before = metrics.stat().st_mtime_ns
-    _loop(metrics)._cut_metrics(2)
+    cut_metrics(metrics, 2)
     assert metrics.stat().st_mtime_ns == before
     assert not metrics.with_name(LOST_METRICS_FILE).exists()

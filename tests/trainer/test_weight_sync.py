@@ -26,10 +26,11 @@ from services.rollout.client import RolloutClient
 from services.trainer.control import Control
 from services.trainer.io_loop import IOLoop
 from services.trainer.logprobs import token_logprobs
-from services.trainer.loop import PENDING_RECORDS_DIR, TrainerLoop
+from services.trainer.loop import TrainerLoop
 from services.trainer.parity import PARITY_FILE, ParityProbe
 from services.trainer.paths import RunPaths
 from services.trainer.ppo import PPOTrainer
+from services.trainer.step_records import PENDING_RECORDS_DIR
 from services.trainer.weight_sync import (
     LATEST_FILE,
     WeightPublisher,
