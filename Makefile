@@ -66,10 +66,12 @@ test-compose: venv
 test-fast: venv
 	$(PY) -m pytest tests -m "not integration and not e2e and not slow" $(PYTEST_ARGS)
 
+## lint: ruff (lint + format), mypy, and the import contracts of .importlinter
 lint: venv
 	$(VENV)/bin/ruff check services tests benchmarks tools
 	$(VENV)/bin/ruff format --check services tests benchmarks tools
 	$(VENV)/bin/mypy services
+	$(VENV)/bin/lint-imports
 
 format: venv
 	$(VENV)/bin/ruff format services tests benchmarks tools
