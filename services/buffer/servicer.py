@@ -3,8 +3,8 @@
 Every RPC answers with a status, never a crash: bad input is INVALID_ARGUMENT naming the
 field, a full buffer is RESOURCE_EXHAUSTED with a `retry-after-ms` trailer, an unreachable
 Redis is UNAVAILABLE (and the health monitor turns the service NOT_SERVING until Redis is
-back). Puts that fail validation are still counted, once, as dropped{invalid}, so the
-accounting invariant covers everything a producer ever sent.
+back). What a request must satisfy to be admitted is `admission.py`'s; this module
+translates between it, the store and the wire.
 """
 
 from __future__ import annotations
@@ -25,19 +25,24 @@ from google.protobuf.message import DecodeError, Message
 
 from flywheel_proto.v1 import buffer_pb2, buffer_pb2_grpc, common_pb2
 from services.buffer import wire
+from services.buffer.admission import (
+    Admission,
+    BoundsRefusal,
+    RpcFailure,
+    check_ids,
+    full_reason,
+    require,
+)
 from services.buffer.export import export_jsonl
 from services.buffer.metrics import BufferMetrics
 from services.buffer.payload_cache import PayloadCache
 from services.buffer.store import ClaimedGroup, PutItem, PutOutcome, RedisStore, StatsSnapshot
 from services.buffer.validate import (
     MAX_VERSION,
-    fast_versions,
-    id_problem,
-    put_version_problem,
     set_version_problem,
 )
 from services.common.aio import wait_condition
-from services.common.codec import CodecError, CodecLimits, group_from_proto
+from services.common.codec import CodecLimits, group_from_proto
 from services.core.contracts import GroupFilter
 
 log = logging.getLogger(__name__)
@@ -45,25 +50,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 M = TypeVar("M", bound=Message)
 
-_RESULTS = {
-    "admitted": buffer_pb2.ADMISSION_RESULT_ADMITTED,
-    "duplicate": buffer_pb2.ADMISSION_RESULT_DUPLICATE,
-    "stale": buffer_pb2.ADMISSION_RESULT_STALE,
-    "filtered": buffer_pb2.ADMISSION_RESULT_FILTERED,
-}
 MAX_IDS_PER_CALL = 100_000
 MAX_PUTS_PER_CALL = 1024
 MAX_WAIT_MS = 600_000
-
-
-class RpcFailure(Exception):
-    """Raised inside a handler to answer with a status (turned into context.abort)."""
-
-    def __init__(self, code: grpc.StatusCode, details: str, retry_after_ms: int = 0) -> None:
-        super().__init__(details)
-        self.code = code
-        self.details = details
-        self.retry_after_ms = retry_after_ms
 
 
 @dataclass(frozen=True)
@@ -120,44 +109,6 @@ def _rpc(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
     return wrapper
 
 
-def _full_reason(outcome: PutOutcome) -> str:
-    return (
-        f"buffer full: {outcome.stored_groups} groups / {outcome.stored_bytes} bytes "
-        "stored (limits buffer.max_stored_groups, buffer.max_stored_bytes); retry later"
-    )
-
-
-def _require(ok: bool, field: str, why: str) -> None:
-    """Refuse the request (INVALID_ARGUMENT, counted) when a bound on `field` fails."""
-    if not ok:
-        raise BoundsRefusal(field, why)
-
-
-class BoundsRefusal(RpcFailure):
-    """A request refused by one of the buffer's bounds (ids, versions, counts per call,
-    Claim's size and wait), INVALID_ARGUMENT unless `code` says otherwise; every one is
-    counted in `flywheel_buffer_refused_requests_total{method,field}`."""
-
-    def __init__(
-        self, field: str, why: str, code: grpc.StatusCode = grpc.StatusCode.INVALID_ARGUMENT
-    ) -> None:
-        super().__init__(code, f"{field}: {why}")
-        self.field = field
-
-
-def _check_ids(**ids: str | list[str]) -> None:
-    """Raise BoundsRefusal for the first id that is not one (see `validate.id_problem`).
-    Request, reservation and rollout ids may be empty (they are optional)."""
-    for field, value in ids.items():
-        for one in value if isinstance(value, list) else [value]:
-            why = id_problem(one, allow_empty=field in _OPTIONAL_IDS)
-            if why is not None:
-                raise BoundsRefusal(field, f"{one[:64]!r} {why}")
-
-
-_OPTIONAL_IDS = frozenset({"request_id", "reservation_id", "rollout_id"})
-
-
 class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
     """Implements `flywheel.v1.BufferService` over a `RedisStore`."""
 
@@ -174,9 +125,18 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         self.settings = settings
         self.group_filter = group_filter
         self.on_redis_error = on_redis_error
+        self.admission = Admission(
+            store,
+            metrics,
+            max_group_bytes=settings.max_group_bytes,
+            codec_limits=settings.codec_limits,
+            filter_name=settings.filter_name,
+            filter_at=settings.filter_at,
+            max_head_offpolicyness=settings.max_head_offpolicyness,
+            group_filter=group_filter,
+        )
         self._arrivals = asyncio.Condition()
         self._max_put_seen = 0
-        self._version_seen = 0  # a lower bound of the current version (it only grows)
         self.lost_puts_detected = 0  # by this process; Stats reports the total kept in Redis
         self._lost_unsaved = 0  # detected, not yet added to Redis's count (it failed again)
         self._snapshot_lock = asyncio.Lock()
@@ -228,51 +188,43 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         self.metrics.snapshot.update(snap)
         return lost
 
-    async def _count_invalid(self, request: buffer_pb2.PutRequest) -> None:
-        await self.store.put_invalid(
-            group_id=request.group.group_id,
-            request_id=request.request_id,
-            reservation_id=request.group.reservation_id,
-        )
-        self.metrics.put_results.labels("invalid").inc()
-
     # -- Put -----------------------------------------------------------------------------
     @_rpc
     async def Put(self, request: bytes, context: Any) -> buffer_pb2.PutResponse:
         self._refuse_in_replay("Put")
         put = _parse(buffer_pb2.PutRequest, request)
-        item = await self._admissible(put, wire.put_group_bytes(memoryview(request)))
+        item = await self.admission.admissible(put, wire.put_group_bytes(memoryview(request)))
         outcome = (await self._store_puts([item]))[0]
         if outcome.result == "full":
             raise RpcFailure(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
-                _full_reason(outcome),
+                full_reason(outcome),
                 retry_after_ms=self.settings.retry_after_ms,
             )
-        return self._put_response(put.group.group_id, item.oldest_version, outcome)
+        return self.admission.put_response(put.group.group_id, item.oldest_version, outcome)
 
     @_rpc
     async def PutMany(self, request: bytes, context: Any) -> buffer_pb2.PutManyResponse:
         self._refuse_in_replay("PutMany")
         parsed = _parse(buffer_pb2.PutManyRequest, request)
         n = len(parsed.puts)
-        _require(0 < n <= MAX_PUTS_PER_CALL, "puts", f"must hold 1 to {MAX_PUTS_PER_CALL}")
+        require(0 < n <= MAX_PUTS_PER_CALL, "puts", f"must hold 1 to {MAX_PUTS_PER_CALL}")
         ids = [p.group.group_id for p in parsed.puts]
-        _require(len(set(ids)) == n, "puts", "group ids must be distinct within one call")
+        require(len(set(ids)) == n, "puts", "group ids must be distinct within one call")
         results: list[buffer_pb2.PutResponse | None] = [None] * n
         items: list[PutItem] = []
         where: list[int] = []
         raw = wire.put_many_group_bytes(request)
         for i, (put, payload) in enumerate(zip(parsed.puts, raw, strict=True)):
             try:
-                items.append(await self._admissible(put, payload))
+                items.append(await self.admission.admissible(put, payload))
                 where.append(i)
             except RpcFailure as err:
                 if err.code == grpc.StatusCode.INTERNAL:  # a filter broke: store nothing
                     raise
                 if isinstance(err, BoundsRefusal):
                     self.metrics.refused.labels("PutMany", err.field).inc()
-                # Counted as invalid by _admissible; the others still go in.
+                # Counted as invalid by admissible(); the others still go in.
                 results[i] = buffer_pb2.PutResponse(
                     result=buffer_pb2.ADMISSION_RESULT_INVALID, reason=err.details
                 )
@@ -280,92 +232,22 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
             if outcome.result == "full":
                 results[i] = buffer_pb2.PutResponse(
                     result=buffer_pb2.ADMISSION_RESULT_FULL,
-                    reason=_full_reason(outcome),
+                    reason=full_reason(outcome),
                     version=outcome.version,
                     retry_after_ms=self.settings.retry_after_ms,
                 )
             else:
-                results[i] = self._put_response(item.group_id, item.oldest_version, outcome)
+                results[i] = self.admission.put_response(
+                    item.group_id, item.oldest_version, outcome
+                )
         answered = [r for r in results if r is not None]
         assert len(answered) == n  # every put was refused above or stored just now
         return buffer_pb2.PutManyResponse(results=answered)
 
-    async def _admissible(
-        self, request: buffer_pb2.PutRequest, payload: bytes | memoryview | None
-    ) -> PutItem:
-        """The group as the store takes it, or RpcFailure (counted as invalid) saying why not.
-        `payload` is the group's bytes as received (None: serialize the parsed group)."""
-        msg = request.group
-        try:
-            # Empty group and trajectory ids are left to the codec, which names them.
-            _check_ids(
-                group_id=[msg.group_id] if msg.group_id else [],
-                request_id=request.request_id,
-                reservation_id=msg.reservation_id,
-                trajectory_id=[t.trajectory_id for t in msg.trajectories if t.trajectory_id],
-            )
-        except BoundsRefusal:
-            # Counted (put and dropped{invalid}) under no id: a bad id must not become a key.
-            await self.store.put_invalid()
-            self.metrics.put_results.labels("invalid").inc()
-            raise
-        if payload is None:
-            payload = msg.SerializeToString()
-        size = len(payload)
-        if size > self.settings.max_group_bytes:
-            await self._count_invalid(request)
-            raise RpcFailure(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"group {msg.group_id!r} is {size} bytes, above buffer.max_group_bytes="
-                f"{self.settings.max_group_bytes}; it was dropped as invalid and a retry "
-                "cannot succeed",
-            )
-        filtering = self.group_filter is not None and self.settings.filter_at == "put"
-        group = None
-        try:
-            versions = None if filtering else fast_versions(msg, self.settings.codec_limits)
-            if versions is None:  # the codec decides, and names what is wrong
-                group = group_from_proto(msg, self.settings.codec_limits)
-                versions = (group.oldest_version, group.newest_version)
-            oldest, newest = versions
-            if oldest < 0:
-                raise CodecError(
-                    f"group {msg.group_id!r} has no generated tokens (loss_mask is 0 everywhere)"
-                )
-        except CodecError as err:
-            await self._count_invalid(request)
-            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, f"group: {err.reason}") from None
-        await self._check_put_version(request, newest)
-        return PutItem(
-            group_id=msg.group_id,
-            oldest_version=oldest,
-            newest_version=newest,
-            n_trajectories=len(msg.trajectories),
-            payload=payload,
-            reservation_id=msg.reservation_id,
-            filtered=filtering and group is not None and not self._accepts(group),
-        )
-
-    async def _check_put_version(self, request: buffer_pb2.PutRequest, newest: int) -> None:
-        """Refuse (counted as invalid) tokens from versions beyond current + eta + 1. Checked
-        against the highest version seen first, and only on a miss against Redis (one GET):
-        the version only grows, so a pass against a lower bound is a pass."""
-        eta = self.store.settings.eta
-        if put_version_problem(newest, self._version_seen, eta) is None:
-            return
-        self._note_version(await self.store.get_version())
-        why = put_version_problem(newest, self._version_seen, eta)
-        if why is not None:
-            await self._count_invalid(request)
-            raise BoundsRefusal("group.versions", why)
-
-    def _note_version(self, version: int) -> None:
-        self._version_seen = max(self._version_seen, version)
-
     async def _store_puts(self, items: list[PutItem]) -> list[PutOutcome]:
         outcomes = await self.store.put_many(items)
         for item, outcome in zip(items, outcomes, strict=True):
-            self._note_version(outcome.version)
+            self.admission.note_version(outcome.version)
             self.metrics.put_results.labels(outcome.result).inc()
             if outcome.result == "full":
                 self.metrics.backpressure.inc()
@@ -375,45 +257,18 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
             await self._notify_arrival()
         return outcomes
 
-    def _put_response(
-        self, group_id: str, oldest: int, outcome: PutOutcome
-    ) -> buffer_pb2.PutResponse:
-        reason = {
-            "admitted": "",
-            "duplicate": f"group {group_id!r} already put (state {outcome.previous_state}"
-            + (f", {outcome.previous_reason}" if outcome.previous_reason else "")
-            + "): nothing stored again",
-            "stale": f"oldest token version {oldest} < version {outcome.version} - "
-            f"max_head_offpolicyness {self.settings.max_head_offpolicyness}",
-            "filtered": f"rejected by buffer.filter {self.settings.filter_name!r}",
-        }[outcome.result]
-        return buffer_pb2.PutResponse(
-            result=_RESULTS[outcome.result], reason=reason, version=outcome.version
-        )
-
-    def _accepts(self, group: Any) -> bool:
-        try:
-            return bool(self.group_filter(group))  # type: ignore[misc]
-        except Exception as err:  # a user filter must not crash the service
-            log.exception("buffer.filter raised")
-            raise RpcFailure(
-                grpc.StatusCode.INTERNAL,
-                f"buffer.filter {self.settings.filter_name!r} raised {type(err).__name__}: {err}; "
-                "nothing was stored",
-            ) from None
-
     # -- capacity ------------------------------------------------------------------------
     @_rpc
     async def ReserveCapacity(
         self, request: buffer_pb2.ReserveCapacityRequest, context: Any
     ) -> buffer_pb2.ReserveCapacityResponse:
         self._refuse_in_replay("ReserveCapacity")
-        _check_ids(rollout_id=request.rollout_id, request_id=request.request_id)
-        _require(
+        check_ids(rollout_id=request.rollout_id, request_id=request.request_id)
+        require(
             0 <= request.count <= MAX_IDS_PER_CALL, "count", f"must be in [0, {MAX_IDS_PER_CALL}]"
         )
         served = request.served_version if request.HasField("served_version") else None
-        _require(served is None or served >= 0, "served_version", "must be >= 0")
+        require(served is None or served >= 0, "served_version", "must be >= 0")
         out = await self.store.reserve(
             count=request.count,
             rollout_id=request.rollout_id or "rollout",
@@ -432,10 +287,10 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         self, request: buffer_pb2.ReleaseCapacityRequest, context: Any
     ) -> buffer_pb2.ReleaseCapacityResponse:
         ids = list(request.reservation_ids)
-        _require(len(ids) <= MAX_IDS_PER_CALL, "reservation_ids", f"at most {MAX_IDS_PER_CALL}")
-        _check_ids(reservation_id=ids, rollout_id=request.rollout_id)
+        require(len(ids) <= MAX_IDS_PER_CALL, "reservation_ids", f"at most {MAX_IDS_PER_CALL}")
+        check_ids(reservation_id=ids, rollout_id=request.rollout_id)
         if not ids and request.rollout_id:
-            _require("#" not in request.rollout_id, "rollout_id", "no '#' in a rollout_id")
+            require("#" not in request.rollout_id, "rollout_id", "no '#' in a rollout_id")
             released = await self.store.release_rollout(request.rollout_id)
             return buffer_pb2.ReleaseCapacityResponse(released=released)
         return buffer_pb2.ReleaseCapacityResponse(released=await self.store.release(ids))
@@ -454,13 +309,13 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
     async def Claim(  # type: ignore[override]  # wire bytes of a ClaimResponse, see register()
         self, request: buffer_pb2.ClaimRequest, context: Any
     ) -> bytes:
-        _check_ids(consumer_id=request.consumer_id, request_id=request.request_id)
-        _require(
+        check_ids(consumer_id=request.consumer_id, request_id=request.request_id)
+        require(
             1 <= request.n_groups <= MAX_IDS_PER_CALL,
             "n_groups",
             f"must be in [1, {MAX_IDS_PER_CALL}]",
         )
-        _require(0 <= request.wait_ms <= MAX_WAIT_MS, "wait_ms", f"must be in [0, {MAX_WAIT_MS}]")
+        require(0 <= request.wait_ms <= MAX_WAIT_MS, "wait_ms", f"must be in [0, {MAX_WAIT_MS}]")
         deadline = time.monotonic() + request.wait_ms / 1000.0
         poll = self.settings.claim_poll_ms / 1000.0
         filtering = self.group_filter is not None and self.settings.filter_at == "claim"
@@ -550,7 +405,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
             decoded = group_from_proto(
                 common_pb2.TrajectoryGroup.FromString(g.payload), self.settings.codec_limits
             )
-            if self._accepts(decoded):
+            if self.admission.accepts(decoded):
                 keep.append(g)
             else:
                 reject.append(g.group_id)
@@ -562,9 +417,9 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
     @_rpc
     async def Ack(self, request: buffer_pb2.AckRequest, context: Any) -> buffer_pb2.AckResponse:
         ids = list(request.group_ids)
-        _require(len(ids) <= MAX_IDS_PER_CALL, "group_ids", f"at most {MAX_IDS_PER_CALL}")
-        _require(all(ids), "group_ids", "must not contain empty ids")
-        _check_ids(group_id=ids)
+        require(len(ids) <= MAX_IDS_PER_CALL, "group_ids", f"at most {MAX_IDS_PER_CALL}")
+        require(all(ids), "group_ids", "must not contain empty ids")
+        check_ids(group_id=ids)
         acked = await self.store.ack(ids)
         self.cache.discard(ids)
         return buffer_pb2.AckResponse(acked=acked)
@@ -574,13 +429,13 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
     async def SetVersion(
         self, request: buffer_pb2.SetVersionRequest, context: Any
     ) -> common_pb2.Version:
-        _check_ids(request_id=request.request_id)
+        check_ids(request_id=request.request_id)
         current = await self.store.get_version()
         why = set_version_problem(request.version, current, self.settings.max_resume_version)
         if why is not None:
             raise BoundsRefusal("version", why)
         ok, current = await self.store.set_version(request.version, request.request_id)
-        self._note_version(current)
+        self.admission.note_version(current)
         if not ok:
             raise RpcFailure(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -609,7 +464,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
     ) -> buffer_pb2.ListGroupsResponse:
         lo, hi = _version_range(request.min_version, request.max_version)
         limit = request.limit or 1000
-        _require(1 <= limit <= MAX_IDS_PER_CALL, "limit", f"must be in [1, {MAX_IDS_PER_CALL}]")
+        require(1 <= limit <= MAX_IDS_PER_CALL, "limit", f"must be in [1, {MAX_IDS_PER_CALL}]")
         rows = await self.store.list_groups(lo, hi, limit)
         return buffer_pb2.ListGroupsResponse(
             groups=[
@@ -629,7 +484,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
     async def ReadGroup(
         self, request: buffer_pb2.ReadGroupRequest, context: Any
     ) -> common_pb2.TrajectoryGroup:
-        _check_ids(group_id=request.group_id)
+        check_ids(group_id=request.group_id)
         payload = await self.store.read_group(request.group_id)
         if payload is None:
             raise RpcFailure(
@@ -644,10 +499,10 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         self, request: buffer_pb2.ExportRequest, context: Any
     ) -> buffer_pb2.ExportResponse:
         lo, hi = _version_range(request.min_version, request.max_version)
-        _require(bool(request.path), "path", "must name a file inside buffer.export_dir")
+        require(bool(request.path), "path", "must name a file inside buffer.export_dir")
         root = Path(self.settings.export_dir).resolve()
         target = (root / request.path).resolve()
-        _require(
+        require(
             target.is_relative_to(root) and target != root,
             "path",
             f"{request.path!r} resolves outside buffer.export_dir ({root})",
@@ -664,7 +519,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
 def _version_range(lo: int, hi: int) -> tuple[int, int]:
     """max_version < 0 means no upper bound."""
     hi = (1 << 62) if hi < 0 else hi
-    _require(lo <= hi, "max_version", f"{hi} is below min_version {lo}")
+    require(lo <= hi, "max_version", f"{hi} is below min_version {lo}")
     return lo, hi
 
 
