@@ -27,16 +27,10 @@ from .buffer import BufferConfig
 from .dataset import DatasetConfig
 from .errors import ConfigError, ConfigIssue
 from .generation import GenerationHyperparameters
+from .interpolation import resolve_interpolations
 from .launcher import EvalConfig, LauncherConfig, TinyModelConfig, WarmStartConfig
-from .loader import (
-    apply_override,
-    load_config,
-    load_raw,
-    parse_value,
-    resolve_interpolations,
-    to_yaml,
-    validate,
-)
+from .loader import load_config, load_raw, to_yaml, validate
+from .overrides import apply_override, parse_value
 from .reward import RewardConfig
 from .rollout import RolloutConfig, SGLangServerConfig
 from .root import ClusterSpecConfig, FlywheelConfig

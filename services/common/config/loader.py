@@ -18,10 +18,8 @@ and reported, so that a reward service starts from a file whose trainer part is 
 
 from __future__ import annotations
 
-import difflib
 import logging
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
@@ -29,335 +27,18 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from . import areal_compat
 from ._base import FlywheelModel, RuleViolation, redact_secrets
 from .areal_compat import Translation
 from .dataset import is_hub_id, resolve_hub_dataset, reward_for
 from .errors import ConfigError, ConfigIssue
+from .interpolation import resolve_interpolations
+from .key_hints import field_description, unknown_key_issue
+from .overrides import MISSING, apply_override
 from .root import SERVICE_BLOCKS, FlywheelConfig
 from .schema import _child, _is_dict, _is_list, _is_model, _unwrap, flywheel_fields
-
-_MISSING = "<missing>"
-_FLOAT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$|^[+-]?(inf|nan)$", re.IGNORECASE)
-_INTERP = re.compile(r"\$\{([^${}]+)\}")
-
-
-# --------------------------------------------------------------------------- schema
-
-
-def _known_keys(model: type[BaseModel]) -> list[str]:
-    return list(model.model_fields)
-
-
-def _suggest(model: type[BaseModel], key: str, prefix: str) -> str:
-    """'did you mean ...' text for an unknown `key` of `model` (located at `prefix`)."""
-    known = _known_keys(model)
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-    if not close:
-        # A key written in the wrong block (`actor.n_samples`) is found elsewhere.
-        elsewhere = [p for p in _all_paths(FlywheelConfig) if p.rsplit(".", 1)[-1] == key]
-        if elsewhere:
-            return f"did you mean '{elsewhere[0]}'? (`{key}` lives in another block)"
-        close = difflib.get_close_matches(key, known, n=1, cutoff=0.4)
-    if close:
-        return f"did you mean '{prefix}{close[0]}'?"
-    listed = ", ".join(known[:12]) + (", ..." if len(known) > 12 else "")
-    return f"valid keys here: {listed}"
-
-
-def _all_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
-    paths: list[str] = []
-    for name, field in model.model_fields.items():
-        paths.append(prefix + name)
-        ann = _unwrap(field.annotation)
-        if _is_model(ann):
-            paths.extend(_all_paths(ann, prefix + name + "."))
-    return paths
-
-
-def _unknown_key_issue(model: type[BaseModel], key: str, prefix: str, value: Any) -> ConfigIssue:
-    migration = getattr(model, "legacy_keys", {}).get(key)
-    if migration:
-        return ConfigIssue(prefix + key, value, migration)
-    collision = areal_compat.areal_hint(prefix + key)
-    if collision:
-        # Same name, another meaning: a "did you mean" would point at the wrong key.
-        return ConfigIssue(
-            prefix + key,
-            value,
-            f"{collision}; this file is read as a Flywheel config: load it with "
-            "`--from areal` (source='areal') to translate AReaL keys",
-        )
-    return ConfigIssue(
-        prefix + key,
-        value,
-        f"unknown key '{key}' in {prefix.rstrip('.') or 'the root'}; "
-        + _suggest(model, key, prefix),
-    )
-
-
-def _description(path: Sequence[str]) -> str:
-    """First sentence of the docstring of the field at `path`, if there is one."""
-    ann: Any = FlywheelConfig
-    parent: Any = None
-    for key in path:
-        parent = _unwrap(ann)
-        ann = _child(ann, key)
-        if ann is None:
-            return ""
-    if _is_model(parent) and path and path[-1] in parent.model_fields:
-        text = parent.model_fields[path[-1]].description or ""
-        return " ".join(text.split()).split(". ")[0].rstrip(".")
-    return ""
-
-
-# --------------------------------------------------------------------------- values
-
-
-def parse_value(text: str) -> Any:
-    """Parse an override's right-hand side as YAML (`null`, `true`, `[1, 2]`, `{a: 1}`).
-
-    Numbers in exponent form without a dot (`1e-5`) are floats, as a user means them
-    (plain YAML 1.1 reads them as strings). An empty right-hand side is the empty string.
-    """
-    if text == "":
-        return ""
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ValueError(f"cannot parse {text!r} as a YAML value ({problem})") from None
-    if isinstance(value, str) and _FLOAT.match(text.strip()):
-        return float(value)
-    return value
-
-
-# --------------------------------------------------------------------------- overrides
-
-
-def apply_override(raw: dict[str, Any], override: str, *, check: bool = True) -> None:
-    """Apply one `a.b.c=value`, `+a.b=value`, `++a.b=value` or `~a.b` to `raw` in place.
-
-    Keys are checked against the schema before anything changes: an unknown key is an
-    error naming the nearest valid key; below free-form dict fields (`gae_lambda_kwargs`,
-    `workflow_kwargs`, ...) any key is accepted. `+` is accepted also for keys that
-    already exist (AReaL users type it for keys missing from their YAML). `check=False`
-    skips the schema check (overrides of an AReaL file name AReaL keys; validation after
-    the translation still reports unknown ones).
-    """
-    text = override.strip()
-    delete = text.startswith("~")
-    body = text.lstrip("+~")
-    if delete:
-        key, _, value_text = body.partition("=")
-    else:
-        key, sep, value_text = body.partition("=")
-        if not sep:
-            raise ConfigError(
-                ConfigIssue(key, _MISSING, f"override {override!r} has no '='; write key=value")
-            )
-    key = key.strip()
-    parts = key.split(".")
-    if not key or any(not p for p in parts):
-        raise ConfigError(ConfigIssue(key, override, "malformed key; write a.b.c=value"))
-    if check:
-        _check_path(parts, value_text)
-    if delete:
-        _delete(raw, parts)
-        return
-    try:
-        value = parse_value(value_text)
-    except ValueError as exc:
-        raise ConfigError(ConfigIssue(key, value_text, str(exc))) from None
-    _assign(raw, parts, value, override)
-
-
-def _check_path(parts: list[str], value: str) -> None:
-    ann: Any = FlywheelConfig
-    for depth, part in enumerate(parts):
-        cur = _unwrap(ann)
-        prefix = ".".join(parts[:depth]) + ("." if depth else "")
-        if _is_model(cur):
-            if part not in cur.model_fields:
-                if part in getattr(cur, "legacy_keys", {}):
-                    return  # validation reports the migration with the value
-                raise ConfigError(_unknown_key_issue(cur, part, prefix, value))
-            ann = cur.model_fields[part].annotation
-        elif _is_dict(cur) or cur is Any:
-            return  # free-form below here
-        elif _is_list(cur):
-            if not part.isdigit():
-                raise ConfigError(
-                    ConfigIssue(prefix + part, value, f"{prefix.rstrip('.')} is a list; index it")
-                )
-            ann = _child(cur, part)
-        else:
-            raise ConfigError(
-                ConfigIssue(
-                    prefix.rstrip("."),
-                    value,
-                    f"'{prefix.rstrip('.')}' is a single value, not a block; "
-                    f"it has no key '{part}'",
-                )
-            )
-
-
-def _assign(raw: dict[str, Any], parts: list[str], value: Any, override: str) -> None:
-    node: Any = raw
-    for depth, part in enumerate(parts[:-1]):
-        if isinstance(node, list):
-            node = node[int(part)]
-            continue
-        nxt = node.get(part)
-        if nxt is None:
-            # A null or absent block gets created with its defaults (`adv_norm: null`
-            # plus `actor.adv_norm.std_level=null` means "a NormConfig with std off").
-            nxt = {}
-            node[part] = nxt
-        elif not isinstance(nxt, dict | list):
-            path = ".".join(parts[: depth + 1])
-            raise ConfigError(
-                ConfigIssue(
-                    path, nxt, f"is a single value, so {override!r} cannot set a key below it"
-                )
-            )
-        node = nxt
-    last = parts[-1]
-    if isinstance(node, list):
-        index = int(last)
-        if index >= len(node):
-            raise ConfigError(
-                ConfigIssue(
-                    ".".join(parts),
-                    value,
-                    f"index {index} is past the list's end ({len(node)} items)",
-                )
-            )
-        node[index] = value
-    else:
-        node[last] = value
-
-
-def _delete(raw: dict[str, Any], parts: list[str]) -> None:
-    node: Any = raw
-    for part in parts[:-1]:
-        node = node.get(part) if isinstance(node, dict) else None
-        if node is None:
-            return
-    if isinstance(node, dict):
-        node.pop(parts[-1], None)
-
-
-# --------------------------------------------------------------------------- interpolation
-
-
-def resolve_interpolations(raw: dict[str, Any]) -> dict[str, Any]:
-    """Replace `${a.b.c}` by the value at that path (the schema default when the file
-    does not set it) and `${oc.env:NAME[,default]}` by an environment variable.
-
-    A string that is exactly one `${...}` takes the referenced value with its type
-    (`group_size: ${gconfig.n_samples}` is an int); inside longer strings the value is
-    formatted in (`name: run-${seed}`). Cycles are an error.
-    """
-    return _Resolver(raw).resolve(raw, ())
-
-
-class _Resolver:
-    def __init__(self, root: dict[str, Any]):
-        self.root = root
-        self.active: list[str] = []
-
-    def resolve(self, node: Any, where: tuple[str, ...]) -> Any:
-        if isinstance(node, dict):
-            return {k: self.resolve(v, (*where, str(k))) for k, v in node.items()}
-        if isinstance(node, list):
-            return [self.resolve(v, (*where, str(i))) for i, v in enumerate(node)]
-        if isinstance(node, str) and "${" in node:
-            return self._string(node, where)
-        return node
-
-    def _string(self, text: str, where: tuple[str, ...]) -> Any:
-        whole = _INTERP.fullmatch(text.strip())
-        if whole:
-            return self._lookup(whole.group(1).strip(), where)
-
-        def substitute(match: re.Match[str]) -> str:
-            value = self._lookup(match.group(1).strip(), where)
-            if isinstance(value, dict | list):
-                raise ConfigError(
-                    ConfigIssue(
-                        ".".join(where),
-                        text,
-                        f"${{{match.group(1)}}} is a block and cannot be placed inside a string",
-                    )
-                )
-            return (
-                "null"
-                if value is None
-                else str(value).lower()
-                if isinstance(value, bool)
-                else str(value)
-            )
-
-        return _INTERP.sub(substitute, text)
-
-    def _lookup(self, ref: str, where: tuple[str, ...]) -> Any:
-        here = ".".join(where)
-        if ref.startswith(("oc.env:", "env:")):
-            name, _, default = ref.split(":", 1)[1].partition(",")
-            value = os.environ.get(name.strip())
-            if value is None:
-                if not default:
-                    raise ConfigError(
-                        ConfigIssue(
-                            here,
-                            f"${{{ref}}}",
-                            f"environment variable {name.strip()} is not set; set it or give a default: ${{oc.env:{name.strip()},value}}",
-                        )
-                    )
-                value = default.strip()
-            return parse_value(value)
-        if ref in self.active:
-            chain = " -> ".join([*self.active, ref])
-            raise ConfigError(ConfigIssue(here, f"${{{ref}}}", f"interpolation cycle: {chain}"))
-        self.active.append(ref)
-        try:
-            found = self._find(ref, here)
-            return self.resolve(found, tuple(ref.split(".")))
-        finally:
-            self.active.pop()
-
-    def _find(self, ref: str, here: str) -> Any:
-        parts = ref.split(".")
-        node: Any = self.root
-        ann: Any = FlywheelConfig
-        for depth, part in enumerate(parts):
-            path = ".".join(parts[: depth + 1])
-            if isinstance(node, dict) and part in node:
-                node = node[part]
-            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-                node = node[int(part)]
-            elif (
-                isinstance(node, dict)
-                and _is_model(_unwrap(ann))
-                and part in _unwrap(ann).model_fields
-            ):
-                default = _unwrap(ann).model_fields[part].get_default(call_default_factory=True)
-                node = default.model_dump() if isinstance(default, BaseModel) else default
-            else:
-                why = "is null" if node is None else "does not exist"
-                raise ConfigError(
-                    ConfigIssue(
-                        here, f"${{{ref}}}", f"interpolation target '{path}' {why}; check the path"
-                    )
-                )
-            ann = _child(ann, part) if ann is not None else None
-        return node
-
-
-# --------------------------------------------------------------------------- validation
 
 
 def _clean_loc(loc: Sequence[Any]) -> list[str]:
@@ -404,16 +85,16 @@ def _issues(error: ValidationError) -> list[ConfigIssue]:
             parent = _unwrap(parent_ann)
             prefix = ".".join(path[:-1]) + ("." if len(path) > 1 else "")
             issue = (
-                _unknown_key_issue(parent, path[-1], prefix, err["input"])
+                unknown_key_issue(parent, path[-1], prefix, err["input"])
                 if _is_model(parent)
                 else ConfigIssue(dotted, err["input"], "unknown key")
             )
         else:
-            desc = _description(path)
+            desc = field_description(path)
             message = err["msg"].removeprefix("Value error, ")
             if desc:
                 message += f" (the field: {desc})"
-            issue = ConfigIssue(dotted, err.get("input", _MISSING), message)
+            issue = ConfigIssue(dotted, err.get("input", MISSING), message)
         if issue.path in seen:  # union branches report the same field twice
             prev = issues[seen[issue.path]]
             if issue.message not in prev.message:

@@ -25,7 +25,8 @@ import yaml
 from services import cli
 from services.common.config import ConfigError
 from services.common.config.areal_compat import areal_markers, parse_allocation
-from services.common.config.loader import load_with_report, resolve_interpolations
+from services.common.config.interpolation import resolve_interpolations
+from services.common.config.loader import load_with_report
 
 AREAL_SRC = os.environ.get("AREAL_SRC", "")
 _EXAMPLES = Path(AREAL_SRC) / "examples" / "math" if AREAL_SRC else None

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from services.common.config import FlywheelConfig
-from services.common.config.loader import _all_paths
+from services.common.config.key_hints import all_paths
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -30,7 +30,7 @@ def test_committed_reference_matches_the_models() -> None:
 
 def test_every_key_has_a_row_in_its_block() -> None:
     text = (ROOT / "docs" / "config.md").read_text()
-    for path in _all_paths(FlywheelConfig):
+    for path in all_paths(FlywheelConfig):
         block, _, key = path.rpartition(".")
         heading = f"## `{block}`" if block else "## Root keys"
         section = text.split(heading + "\n", 1)[1].split("\n## ", 1)[0]
