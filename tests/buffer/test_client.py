@@ -4,7 +4,6 @@ idempotent retries."""
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from services.common.config.services import ServicesConfig
 from services.common.outage import PeerOutageMetrics
 from services.common.redis_server import RedisServer
 from services.trainer.io_loop import IOLoop
+from tests.waiting import still_pending, still_pending_sync, until, until_sync
 
 from .helpers import fsync_every_write, make_group
 from .proc import BufferProcess
@@ -38,10 +38,8 @@ async def test_calls_made_while_redis_restarts_succeed_once_it_is_back(
     redis_server.kill()
     put = asyncio.create_task(client.put(make_group("g")))
     claim = asyncio.create_task(client.claim(1, consumer_id="t", request_id="c1"))
-    while not peer.down:  # the first attempts meet a dead Redis (UNAVAILABLE)
-        await asyncio.sleep(0.01)
-    await asyncio.sleep(5.0)
-    assert not put.done() and not claim.done()
+    await until(lambda: peer.down, "the first attempts to meet a dead Redis (UNAVAILABLE)")
+    await still_pending(put, claim, hold_s=5.0)  # Redis stays down 5 s; both wait
     redis_server.start()  # same port and AOF
     assert (await put).result == "admitted"
     assert (await claim).group_ids == ["before"]
@@ -84,10 +82,8 @@ def test_the_trainers_claim_and_ack_ride_through_a_20_s_buffer_outage(
         proc.kill()  # mid-step
         ack = io.submit(client.ack(batch.group_ids, consumer_id="trainer"))
         claim = io.submit(client.claim(2, consumer_id="trainer", wait_ms=200, request_id="c2"))
-        while not peer.down:
-            time.sleep(0.01)
-        time.sleep(21.0)  # the outage
-        assert not ack.done() and not claim.done()  # waiting, not failed
+        until_sync(lambda: peer.down, "the client to see the buffer down")
+        still_pending_sync(ack, claim, hold_s=21.0)  # the outage: waiting, not failed
         proc.start()
         io.run(proc.wait_serving(), timeout=120)
         assert ack.result(guard) == 2

@@ -6,15 +6,23 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import redis
 from redis import exceptions as redis_errors
 
 from services.buffer.resp import pack, run_pipeline
 from services.buffer.store import connect
 from services.common.redis_server import RedisServer, free_port
+from tests.waiting import until
 
 pytestmark = pytest.mark.integration
 
 NESTED = "return {1, {2, 'x', {}}, 'three', false}"
+
+
+def _blocked(url: str) -> bool:
+    """Whether a client is blocked in Redis (asked over a connection of its own)."""
+    with redis.Redis.from_url(url) as other:
+        return int(other.info("clients")["blocked_clients"]) >= 1
 
 
 def test_pack_writes_resp_and_passes_large_payloads_through_uncopied() -> None:
@@ -94,7 +102,7 @@ async def test_a_cancelled_pipeline_drops_its_connection(redis_server: RedisServ
     client = connect(redis_server.url)
     try:
         task = asyncio.create_task(run_pipeline(client, [("BLPOP", "q", 2)]))
-        await asyncio.sleep(0.2)
+        await until(lambda: _blocked(redis_server.url), "the BLPOP to block in Redis", 10)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -119,7 +127,7 @@ async def test_a_server_killed_mid_reply_raises_connection_error(tmp_path) -> No
     client = connect(server.url)
     try:
         task = asyncio.create_task(run_pipeline(client, [("BLPOP", "q", 5)]))
-        await asyncio.sleep(0.2)
+        await until(lambda: _blocked(server.url), "the BLPOP to block in Redis", 10)
         server.cleanup()  # the server goes away while the reply is awaited
         with pytest.raises(redis_errors.ConnectionError):
             await task

@@ -29,6 +29,7 @@ from services.common.grpc_client import (
 from services.common.grpc_server import ServiceServer
 from services.common.outage import PeerHealth, PeerOutageMetrics
 from services.common.redis_server import free_port
+from tests.waiting import still_pending, until
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 CHECK = health_pb2.HealthCheckRequest(service="")
@@ -51,8 +52,7 @@ def _sample(registry: CollectorRegistry, name: str, peer: str) -> float | None:
 
 
 async def _until(cond: Callable[[], bool]) -> None:
-    while not cond():
-        await asyncio.sleep(0.01)
+    await until(cond, "the client to see the peer down")
 
 
 @pytest.mark.integration
@@ -73,8 +73,7 @@ async def test_a_call_made_while_the_peer_is_down_succeeds_on_its_successor() ->
         )
         await _until(lambda: peer.down)
         assert _sample(registry, "flywheel_test_peer_unavailable", "echo") == 1.0
-        await asyncio.sleep(OUTAGE_S)
-        assert not call.done()  # still trying (the default budget is minutes)
+        await still_pending(call, hold_s=OUTAGE_S)  # still trying (the budget is minutes)
         second = await _serve(first.port)  # a new server on the same address
         try:
             assert (await call).status == SERVING
@@ -108,7 +107,7 @@ async def test_the_blocking_twin_rides_through_a_restart_too() -> None:
             )
         )
         await _until(lambda: peer.down)
-        await asyncio.sleep(OUTAGE_S)
+        await still_pending(call, hold_s=OUTAGE_S)
         second = await _serve(first.port)
         try:
             assert (await call).status == SERVING

@@ -7,6 +7,7 @@ bootstrap is what is under test, and it must behave the same for every service.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 
 import grpc
 import pytest
@@ -15,6 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from flywheel_proto.v1 import buffer_pb2_grpc, common_pb2
 from services.common.grpc_client import call_with_retry, make_channel, wait_for_health
 from services.common.grpc_server import ServiceServer
+from tests.waiting import until
 
 ECHO = "/test.Echo/Echo"
 MB = 1 << 20
@@ -67,9 +69,11 @@ async def test_health_serving_then_not_serving_on_drain_and_inflight_call_finish
         inflight = asyncio.ensure_future(_echo(ch)(b"in flight", timeout=10))
         await started.wait()
         stopping = asyncio.ensure_future(srv.stop(grace=10))
-        await asyncio.sleep(0.2)
         # Draining: health says NOT_SERVING while the call in flight is still running.
-        assert srv._health._server_status[""] == health_pb2.HealthCheckResponse.NOT_SERVING
+        await until(
+            lambda: srv._health._server_status[""] == health_pb2.HealthCheckResponse.NOT_SERVING,
+            "stop() to set NOT_SERVING",
+        )
         assert srv._health._server_status["test.Echo"] == health_pb2.HealthCheckResponse.NOT_SERVING
         assert not inflight.done()
         release.set()
@@ -93,15 +97,22 @@ async def test_a_second_server_on_a_taken_port_fails_instead_of_sharing_it():
         await second.server.stop(0)  # started only if the bind wrongly succeeded
 
 
+async def _is(status: Awaitable[int], expected: int) -> bool:
+    return await status == expected
+
+
 async def test_set_serving_false_is_visible_over_the_wire():
     srv, address = await _server()
     try:
+        # set_serving schedules the health update; the wire shows it once that has run.
+        not_serving, serving = (
+            health_pb2.HealthCheckResponse.NOT_SERVING,
+            health_pb2.HealthCheckResponse.SERVING,
+        )
         srv.set_serving(False)
-        await asyncio.sleep(0.05)
-        assert await _health(address) == health_pb2.HealthCheckResponse.NOT_SERVING
+        await until(lambda: _is(_health(address), not_serving), "NOT_SERVING on the wire", 10)
         srv.set_serving(True)
-        await asyncio.sleep(0.05)
-        assert await _health(address) == health_pb2.HealthCheckResponse.SERVING
+        await until(lambda: _is(_health(address), serving), "SERVING on the wire", 10)
     finally:
         await srv.stop(0)
 

@@ -9,6 +9,7 @@ import pytest
 from services.core.types import RewardStatus, ScoreRequest
 from services.reward.client import RewardClient, RewardClientError
 from tests.reward.conftest import RunningReward, service_config
+from tests.waiting import still_pending, until
 
 pytestmark = pytest.mark.integration
 
@@ -115,10 +116,8 @@ async def test_a_batch_sent_while_the_service_restarts_is_scored_by_its_successo
         assert [o.reward for o in await client.score_batch(items)] == [0.0, 0.0, 1.0, 0.0]
         await first.stop(grace=0.5)
         scoring = asyncio.create_task(client.score_batch(items, request_id="during"))
-        while not peer.down:
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(5.0)
-        assert not scoring.done()  # waiting for the service, not failed
+        await until(lambda: peer.down, "the client to see the reward service down")
+        await still_pending(scoring, hold_s=5.0)  # waiting for the service, not failed
         second = await serve(port)
         try:
             out = await scoring
