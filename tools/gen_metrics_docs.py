@@ -87,7 +87,8 @@ def services_without_metrics() -> list[str]:
     return sorted(
         p.parent.name
         for p in (ROOT / "services").glob("*/__init__.py")
-        if p.parent.name not in with_metrics and p.parent.name != "common"
+        # common and core are the shared layers under the services, not services
+        if p.parent.name not in with_metrics and p.parent.name not in ("common", "core")
     )
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from services.core.types import SamplingParams
-from services.rollout.engine.sglang_engine import sampling_to_sglang
+from services.rollout.engine.sglang_protocol import sampling_to_sglang
 from tests.rollout.sglang_standin import SCHEMA, SCHEMA_PATH, contract_violations
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -32,9 +32,9 @@ from services.common.weights.manifest import (
     tensor_specs,
 )
 from services.core.types import SamplingParams
-from services.rollout.engine.sglang_engine import (
+from services.rollout.engine.sglang_engine import SGLangEngine
+from services.rollout.engine.sglang_protocol import (
     ContextOverflowError,
-    SGLangEngine,
     SGLangError,
     launch_command,
     parse_generate_response,
@@ -439,7 +439,7 @@ def test_launch_command_and_response_parsing() -> None:
         parse_generate_response({"meta_info": {"finish_reason": {"type": "weird"}}})
 
 
-# ------------------------------------------------------------ issue 18: the real contract
+# --------------------------------------------------------------------- the real contract
 
 
 def _publish(model_dir: Path, root: Path, version: int) -> tuple[Path, WeightManifest]:
