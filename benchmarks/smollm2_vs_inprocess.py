@@ -1,6 +1,6 @@
 """SmolLM2-135M-Instruct: the services' GRPO run against a plain in-process GRPO loop.
 
-Issue 21's anchor is a plain in-process loop (one process, plain torch + transformers, no
+The anchor is a plain in-process loop (one process, plain torch + transformers, no
 services) that took held-out sampled accuracy on single-digit sums from 0.22 to 0.94 in 20
 steps; the services should not be slower per trained sample. This script measures both, one
 after the other on the same machine, and prints ONE JSON line.

@@ -4,7 +4,7 @@
 #
 #   (umask 077; sh deploy/docker/secrets.sh > .env)
 #
-# One token per caller role (issue 24's scheme, as the local launcher and the chart use it):
+# One token per caller role (the scheme the local launcher and the chart use):
 #   FLYWHEEL_TOKEN           the operator's admin token (export it too for `flywheel status`)
 #   FLYWHEEL_TRAINER_TOKEN   the token the trainer sends
 #   FLYWHEEL_ROLLOUT_TOKEN   the token the rollout sends

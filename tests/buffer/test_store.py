@@ -235,7 +235,7 @@ async def test_retried_claim_returns_the_same_groups(make_store) -> None:
 async def test_retried_claim_after_the_version_moved_drops_what_went_stale(make_store) -> None:
     # A trainer claims at v1 (eta 1: oldest versions >= 0 are fresh), dies, and its successor
     # resumes at v3 and repeats the claim: 'a' (ov 0), 'b' and 'c' (ov 1) are now older than
-    # v - eta = 2 and must not be served (issue 23: a token 3 versions old with eta 2);
+    # v - eta = 2 and must not be served (a token 3 versions old with eta 2);
     # 'd' (ov 2) and 'e' (ov 3) are served by an ordinary claim instead.
     store = make_store()
     for gid, ov in (("a", 0), ("b", 1), ("c", 1), ("d", 2)):

@@ -202,7 +202,7 @@ async def _put_code(client: BufferClient, group: Msg) -> grpc.StatusCode:
 
 @pytest.mark.integration
 async def test_set_version_stays_within_one_step(make_buffer: BufferFactory) -> None:
-    # Issue 24: SetVersion(2**63 - 1) came back negative; after SetVersion(2**62) the
+    # A regression: SetVersion(2**63 - 1) came back negative; after SetVersion(2**62) the
     # trainer's next SetVersion failed and every put was stale.
     service, client = await make_buffer()
     stub = _stub(client)

@@ -2,7 +2,7 @@
 redis-server with AOF `everysec`, all four services) started as a user starts it, the fault
 injected at a random moment while groups are in flight, and the promises checked at the end.
 
-The promises (issue 17), checked by `check_promises` for every fault:
+The promises, checked by `check_promises` for every fault:
 
 - the run finishes its steps and exits 0; the fault's restart is in `summary.json` with how
   the process ended and how long the service was down;

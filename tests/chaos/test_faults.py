@@ -1,4 +1,4 @@
-"""Chaos: a real `flywheel run` survives each fault of issue 17, one short run per fault,
+"""Chaos: a real `flywheel run` survives each fault, one short run per fault,
 and keeps the promises of the design (`tests/chaos/harness.py` lists them and checks them
 for every fault).
 

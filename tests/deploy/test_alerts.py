@@ -75,7 +75,7 @@ def test_issue_alerts_exist_with_runbooks():
         "FlywheelRewardFailureRate",
         "FlywheelNonFiniteGradientSteps",
         "FlywheelServiceDown",
-        # issue 20: the doctor checks a metric can express
+        # the doctor's checks that a metric can express
         "FlywheelWeightParityOff",
         "FlywheelRewardFlat",
         "FlywheelStaleDropsHigh",

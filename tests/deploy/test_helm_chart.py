@@ -867,7 +867,7 @@ def test_a_values_change_outside_the_topology_rolls_no_service_pod(helm_check):
     assert not selects(one(c, "Service", "flywheel-trainer-0"), kubernetes_pod_labels(job_a, 0))
 
 
-# --- security (issue 24) ------------------------------------------------------------------
+# --- security ------------------------------------------------------------------
 
 
 def _selector(component: str) -> dict[str, Any]:

@@ -52,7 +52,7 @@ OPERATOR_TOKEN = "operator-tok-e2e-5ecret"
 
 
 def test_run_end_to_end_checks_invariants_metrics_and_checkpoint(tmp_path: Path):
-    """With auth on, as a user starts it with `FLYWHEEL_TOKEN` set (issue 24): every call a
+    """With auth on, as a user starts it with `FLYWHEEL_TOKEN` set: every call a
     service or the launcher makes is within its role (a missing permission would fail the
     run), the held-out evaluation (Generate, Score) works with the launcher's token, and the
     operator's token is in no file of the run."""

@@ -1,4 +1,4 @@
-"""Issue 23's scenario as a user runs it: `flywheel run` of the demo, `kill -9` of the trainer
+"""Resume as a user meets it: `flywheel run` of the demo, `kill -9` of the trainer
 after a checkpoint (with steps trained past it), the same command again.
 
 The resumed run must continue at the checkpoint's step, train every group at most once

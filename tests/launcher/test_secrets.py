@@ -1,5 +1,5 @@
 """Secrets of a local run: never on disk in a readable file, never on a command line, and
-each process holding only its own role's token (issue 24).
+each process holding only its own role's token.
 
 What a local user (or a compromised process of the run) can read is checked where they
 would read it: `/proc/<pid>/cmdline` of every process the launcher starts (the real

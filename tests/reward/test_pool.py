@@ -147,7 +147,7 @@ def kill_if_alive(identities: list[tuple[int, int]]) -> None:
 async def test_deadline_kills_what_the_function_started_in_other_sessions(
     tmp_path: Path,
 ) -> None:
-    # Issue 17: the deadline's kill of the worker's process group missed helpers that a
+    # A regression: the deadline's kill of the worker's process group missed helpers that a
     # function put in a session of their own, and orphans a shell left behind.
     pool, metrics = await started()
     pid_file = tmp_path / "pids"

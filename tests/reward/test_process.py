@@ -75,7 +75,7 @@ def test_describe_exit() -> None:
 async def test_user_reward_code_sees_no_flywheel_credential(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Issue 24: the worker inherited FLYWHEEL_TOKEN (and whatever the service had).
+    # A regression: the worker inherited FLYWHEEL_TOKEN (and whatever the service had).
     secrets = {
         "FLYWHEEL_TOKEN": "tok-shared-1",
         "FLYWHEEL_TOKEN_TRAINER": "tok-trainer-2",

@@ -50,7 +50,7 @@ def wait_for(what: str, condition: Callable[[], bool], timeout: float = 90.0) ->
 def test_health_is_not_serving_while_no_worker_can_start(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Issue 17: /readyz said 503 while no worker could start, gRPC health said SERVING,
+    # A regression: /readyz said 503 while no worker could start, gRPC health said SERVING,
     # and the failed starts were only logged.
     gate = tmp_path / "gate"
     monkeypatch.setenv("FLYWHEEL_REWARD_TEST_GATE", str(gate))
@@ -99,7 +99,7 @@ def test_health_is_not_serving_while_no_worker_can_start(
 
 
 def test_a_worker_that_dies_on_its_own_takes_its_helpers_along(tmp_path: Path) -> None:
-    # Issue 17: a worker that exits by itself (os._exit here; a segfault or the OOM killer
+    # A regression: a worker that exits by itself (os._exit here; a segfault or the OOM killer
     # alike) left its helpers in other sessions running. Now the tree kill catches them
     # while the dying worker still holds them, or the service, their subreaper once the
     # worker is gone, kills and reaps them (test_process.py checks that path alone).

@@ -277,7 +277,7 @@ def test_kwargs_nested_up_to_the_bound_are_scored(svc: RunningReward) -> None:
 def test_nan_and_infinity_in_kwargs_are_invalid_input(
     svc: RunningReward, text: str, why: str
 ) -> None:
-    # Issue 17: Python's json.loads accepts these; JSON (RFC 8259, section 6) has no NaN
+    # Python's json.loads accepts these; JSON (RFC 8259, section 6) has no NaN
     # or Infinity, and 1e999 is no float. Before, such an item reached the worker
     # encoder and came back ERROR; the control item shows the neighbours unharmed.
     bad = item("x", fn="echo_kwargs")
@@ -289,7 +289,7 @@ def test_nan_and_infinity_in_kwargs_are_invalid_input(
 
 
 def test_a_missing_or_unreadable_reference_is_invalid_input(svc: RunningReward) -> None:
-    # Issue 17: an empty or unreadable reference used to score a silent OK 0.0. A
+    # A regression: an empty or unreadable reference used to score a silent OK 0.0. A
     # completion without an answer, against a good reference, is still OK 0.0.
     results = batch(
         svc,

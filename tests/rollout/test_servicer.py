@@ -92,7 +92,7 @@ async def test_pause_resume_stats_and_version(served) -> None:  # noqa: ANN001
 
 
 async def test_every_weight_transport_is_capped(engine, tmp_path) -> None:  # noqa: ANN001
-    """Issue 24: StreamWeights had a fixed 1 TiB cap and none at total_bytes = 0 (8 MiB passed
+    """StreamWeights had a fixed 1 TiB cap and none at total_bytes = 0 (8 MiB passed
     a 1 MiB cap). Now `rollout.max_weight_bytes` bounds the gRPC stream, the distributed
     update and the disk update, and total_bytes must be > 0 and the sum of the specs."""
     from flywheel_proto.v1 import rollout_pb2_grpc

@@ -147,7 +147,7 @@ def test_kill_and_resume_continues_exactly(
 def test_groups_acked_after_the_checkpoint_are_counted_on_resume(
     tiny_model_dir: Path, tmp_path: Path, redis_server: RedisServer
 ) -> None:
-    """Issue 17: step 3 is trained and acknowledged after the checkpoint of step 2, then the
+    """Step 3 is trained and acknowledged after the checkpoint of step 2, then the
     trainer is killed. Its 2 groups stay acknowledged in the buffer (never served again),
     and the resumed trainer counts them: checkpoint's 4 + lost 2 = the buffer's 6 at resume,
     and at the end 4 steps x 2 groups + 2 lost = the buffer's 10."""

@@ -390,7 +390,7 @@ def test_unreachable_replica_is_marked_unhealthy_and_counted(setup: dict) -> Non
     assert unhealthy == {dead}
 
 
-# ----------------------------------------------- issue 18: ranks of tensor-parallel replicas
+# ------------------------------------------------------ ranks of tensor-parallel replicas
 
 
 def test_group_layout_gives_every_tp_worker_its_own_rank(
@@ -468,7 +468,7 @@ async def test_sglang_tp_replicas_are_asked_for_offset_plus_tp_rank(
     assert set(report.failed) == set(addresses)  # nobody joined the trainer's rendezvous
 
 
-# ------------------------------- issue 17: a replica alive but silent does not hold the trainer
+# ---------------------------------------- a replica alive but silent does not hold the trainer
 
 
 def _replica_pid(setup: dict) -> int:

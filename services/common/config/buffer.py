@@ -48,7 +48,7 @@ class BufferConfig(FlywheelModel):
     tokenizer_path: str | None = None
     """Tokenizer for filters that read text; null uses the actor's `path`."""
 
-    # -- added by the buffer service (issue 4) ------------------------------------------
+    # -- added by the buffer service ------------------------------------------
     reservation_timeout_s: float = Field(default=1800.0, gt=0.0)
     """A capacity reservation neither fulfilled nor released within this time is given
     back (a rollout replica died holding it)."""

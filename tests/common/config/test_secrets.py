@@ -1,5 +1,5 @@
 """Credentials never show in a config dump: `to_yaml` (and so `flywheel run --dry-run`)
-masks the tokens and the Redis password (issue 24: `to_yaml` printed `redis_password`)."""
+masks the tokens and the Redis password (`to_yaml` once printed `redis_password`)."""
 
 from __future__ import annotations
 

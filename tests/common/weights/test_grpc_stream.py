@@ -68,7 +68,7 @@ def _stream_of(n_bytes: int, total_bytes: int) -> list[object]:
 
 
 def test_a_stream_that_announces_no_size_is_refused_at_its_first_chunk() -> None:
-    # Issue 24: with total_bytes = 0 the assembler took 8 MiB under a 1 MiB cap.
+    # A regression: with total_bytes = 0 the assembler took 8 MiB under a 1 MiB cap.
     chunks = _stream_of(8 << 20, total_bytes=0)
     asm = WeightAssembler(max_total_bytes=1 << 20)
     with pytest.raises(WeightsError, match="must announce its size"):

@@ -1,5 +1,5 @@
 """A rollout replica beside an SGLang server started with `--api-key` (as the Helm chart
-starts it, issue 24): the client sends `$SGLANG_API_KEY` as a bearer token on every call.
+starts it): the client sends `$SGLANG_API_KEY` as a bearer token on every call.
 The stand-in is wrapped in the check SGLang makes: every path but /health wants
 `Authorization: Bearer <key>`, else 401."""
 
