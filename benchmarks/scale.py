@@ -1,0 +1,399 @@
+"""Fleet simulator: N rollout replicas against the real buffer service and a real Redis.
+
+Each replica is an asyncio task that uses the real `BufferClient` over gRPC on loopback:
+it reserves capacity for one group with the version it serves, "generates" for the time
+`benchmarks/scale_model.py` draws (SGLang's measured decode rate, long-tailed lengths,
+stragglers), puts the group (16 samples with per-token log-probabilities and versions,
+token counts scaled down as the model states), and adopts each new version it hears of
+after the model's weight-update delay. A trainer task claims batches, "steps" for the
+model's step time, acknowledges and bumps the version. Replicas share one gRPC channel per
+`--replicas-per-channel` (a channel per replica would spend this machine on HTTP/2
+housekeeping, not on the control plane being measured).
+
+Faults: every group a replica finishes it dies with `--die-p`, holding its reservation,
+and comes back after a while releasing what it held (or the reservation expires); the
+buffer process is killed and restarted at 30 % of the run and redis-server at 60 %.
+
+Prints one JSON line per (replicas, eta) point. With no arguments: the short sweep that
+`make bench` runs (8 and 64 replicas, eta 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from scale_model import FleetModel  # noqa: E402
+
+from services.buffer.client import BufferClient  # noqa: E402
+from services.common.codec import Trajectory, TrajectoryGroup, group_to_proto  # noqa: E402
+from services.common.grpc_client import wait_for_health  # noqa: E402
+from services.common.redis_server import RedisServer, free_port  # noqa: E402
+
+
+def make_payload(gid: str, rid: str, lengths: np.ndarray, version: int, model: FleetModel) -> bytes:
+    """One group's wire bytes: `len(lengths)` samples of a 64-token prompt and a response of
+    `lengths / token_scale` tokens, each token with a log-probability and its version."""
+    trajectories = []
+    for i, n in enumerate(lengths):
+        resp = model.wire_tokens(int(n))
+        prompt = 64 // model.token_scale + 1
+        total = prompt + resp
+        trajectories.append(
+            Trajectory(
+                trajectory_id=f"t{i}",
+                group_id=gid,
+                input_ids=np.arange(total, dtype=np.int64) % 50_000,
+                loss_mask=np.r_[np.zeros(prompt), np.ones(resp)].astype(np.int8),
+                logprobs=np.r_[np.zeros(prompt), np.full(resp, -0.5)].astype(np.float32),
+                versions=np.r_[np.full(prompt, -1), np.full(resp, version)].astype(np.int64),
+                reward=float(i % 2),
+                no_eos=False,
+                prompt_len=prompt,
+            )
+        )
+    msg = group_to_proto(TrajectoryGroup(group_id=gid, trajectories=trajectories))
+    msg.reservation_id = rid
+    return msg.SerializeToString()
+
+
+class Fleet:
+    def __init__(self, args: argparse.Namespace, address: str, model: FleetModel) -> None:
+        self.args = args
+        self.model = model
+        self.address = address
+        per = args.replicas_per_channel
+        self.clients = [
+            BufferClient(address, timeout=30) for _ in range((args.replicas + per - 1) // per)
+        ]
+        self.lat: dict[str, list[float]] = defaultdict(list)
+        self.stop = asyncio.Event()
+        self.version_seen = 0
+        self.set_at: dict[int, float] = {}
+        self.adopted: list[dict[int, float]] = [{} for _ in range(args.replicas)]
+        self.offered_groups = 0
+        self.offered_tokens = 0
+        self.admitted_groups = 0
+        self.admitted_tokens = 0
+        self.results: dict[str, int] = defaultdict(int)
+        self.deaths = 0
+        self.starved_s = 0.0
+        self.trainer_s = 0.0
+        self.staleness_violations = 0
+        self.max_staleness = 0
+        self.claimed = 0
+
+    async def timed(self, name: str, coro):  # noqa: ANN001, ANN201
+        t0 = time.perf_counter()
+        try:
+            return await coro
+        finally:
+            self.lat[name].append(time.perf_counter() - t0)
+
+    async def replica(self, i: int) -> None:
+        m, a = self.model, self.args
+        client = self.clients[i // a.replicas_per_channel]
+        rng = np.random.default_rng(a.seed * 100_003 + i)
+        rid_name = f"sim{i}"
+        serving = 0
+        self.adopted[i][0] = time.monotonic()
+        updating: asyncio.Task | None = None
+        seq = 0
+
+        async def adopt(v: int) -> None:
+            nonlocal serving
+            await asyncio.sleep(m.weight_update_s / m.time_scale)
+            serving = max(serving, v)
+            self.adopted[i].setdefault(v, time.monotonic())
+
+        def hear(v: int) -> None:
+            nonlocal updating
+            if v > serving and (updating is None or updating.done()):
+                updating = asyncio.create_task(adopt(v))
+
+        await asyncio.sleep(rng.random() * 0.5)  # replicas do not start in lockstep
+        while not self.stop.is_set():
+            r = await self.timed(
+                "reserve", client.reserve(1, rollout_id=rid_name, served_version=serving)
+            )
+            hear(r.version)
+            if not r.reservation_ids:
+                await asyncio.sleep(max(r.retry_after_ms, 100) / 1000.0 * rng.uniform(0.5, 1.5))
+                continue
+            version = serving
+            lengths = m.lengths(rng)
+            gen = m.group_seconds(lengths, rng.random() < m.straggler_p) / m.time_scale
+            await asyncio.sleep(gen)
+            if rng.random() < a.die_p:  # dies holding its reservation; restarts later
+                self.deaths += 1
+                await asyncio.sleep(rng.uniform(1.0, 3.0))
+                if rng.random() < 0.5:  # a restarted replica releases what it held
+                    await self.timed("release", client.release([], rollout_id=rid_name))
+                continue  # the other half's reservations expire
+            seq += 1
+            tokens = int(lengths.sum())
+            self.offered_groups += 1
+            self.offered_tokens += tokens
+            payload = make_payload(f"g{i}-{seq}", r.reservation_ids[0], lengths, version, m)
+            res = (await self.timed("put", client.put_many([payload])))[0]
+            self.results[res.result] += 1
+            hear(res.version)
+            if res.result == "admitted":
+                self.admitted_groups += 1
+                self.admitted_tokens += tokens
+
+    async def trainer(self) -> None:
+        m, a = self.model, self.args
+        client = BufferClient(self.address, timeout=30)
+        step_s = m.step_seconds(a.replicas, self.mean_group_s) / m.time_scale
+        version = 0
+        try:
+            while not self.stop.is_set():
+                t0 = time.monotonic()
+                out = await self.timed(
+                    "claim", client.claim(m.batch_groups, consumer_id="trainer", wait_ms=500)
+                )
+                if len(out) == 0:
+                    continue
+                # Only the wait after the first step counts: the fleet needs one generation
+                # time to fill the first batch.
+                if version > 0:
+                    self.starved_s += time.monotonic() - t0
+                self.claimed += len(out)
+                for gid, msg in zip(out.group_ids, out.messages, strict=True):
+                    ov = min(
+                        (min((v for v in t.versions if v >= 0), default=version))
+                        for t in msg.trajectories
+                    )
+                    lag = out.version - ov
+                    self.max_staleness = max(self.max_staleness, lag)
+                    self.staleness_violations += lag > a.eta
+                    del gid
+                s0 = time.monotonic()
+                await asyncio.sleep(step_s)
+                await self.timed("ack", client.ack(out.group_ids, consumer_id="trainer"))
+                version = out.version + 1
+                self.set_at[version] = time.monotonic()
+                await self.timed("set_version", client.set_version(version))
+                self.version_seen = version
+                if version > 1:
+                    self.trainer_s += time.monotonic() - s0
+        finally:
+            await client.close()
+
+    def fanout_seconds(self) -> list[float]:
+        """Per version (set before the last fifth of the run): time from SetVersion to every
+        replica serving it or a newer one."""
+        out = []
+        end = time.monotonic()
+        for v, t in sorted(self.set_at.items()):
+            if end - t < 5 * (self.model.weight_update_s / self.model.time_scale) + 2:
+                continue
+            times = []
+            for adopted in self.adopted:
+                got = [ts for ver, ts in adopted.items() if ver >= v]
+                if not got:
+                    break
+                times.append(min(got))
+            else:
+                out.append(max(times) - t)
+        return out
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def pct(xs: list[float], q: float) -> float | None:
+    return round(float(np.percentile(np.asarray(xs) * 1000.0, q)), 2) if xs else None
+
+
+def series_count(port: int) -> int:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return sum(1 for line in text.splitlines() if line and not line.startswith("#"))
+
+
+def buffer_config(tmp: Path, redis_url: str, port: int, mport: int, args) -> Path:  # noqa: ANN001
+    cfg = tmp / "buffer.yaml"
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "experiment_name": "scale",
+                "trial_name": f"n{args.replicas}-e{args.eta}",
+                "cluster": {"fileroot": str(tmp)},
+                "actor": {"kl_ctl": 0.0},
+                "rollout": {
+                    "max_head_offpolicyness": args.eta,
+                    "consumer_batch_size": args.batch_groups
+                    or min(256, max(4, args.replicas // 4)),
+                    "max_concurrent_rollouts": args.replicas,
+                },
+                "buffer": {
+                    "redis_url": redis_url,
+                    "max_stored_groups": 1_000_000,
+                    "max_stored_bytes": 8 << 30,
+                    "reservation_timeout_s": 10.0,
+                    "retry_after_ms": 200,
+                },
+                "services": {"buffer": {"port": port, "metrics_port": mport}, "auth_token": None},
+            }
+        )
+    )
+    return cfg
+
+
+async def run_point(args: argparse.Namespace) -> dict:
+    batch = args.batch_groups or min(256, max(4, args.replicas // 4))
+    model = FleetModel(batch_groups=batch, time_scale=args.time_scale, token_scale=args.token_scale)
+    mean_group_s = model.mean_group_seconds(np.random.default_rng(args.seed))
+    wall = args.duration / model.time_scale
+    with tempfile.TemporaryDirectory() as tmp_, RedisServer(dir=Path(tmp_) / "redis") as rs:
+        tmp = Path(tmp_)
+        port, mport = free_port(), free_port()
+        cfg = buffer_config(tmp, rs.url, port, mport, args)
+        cmd = [
+            sys.executable,
+            "-m",
+            "services.buffer",
+            "--log-level",
+            "ERROR",
+            "--config",
+            str(cfg),
+        ]
+        buf = subprocess.Popen(cmd, cwd=ROOT)
+        buffer_cpu = 0.0
+        address = f"127.0.0.1:{port}"
+        try:
+            await wait_for_health(address, timeout=60)
+            fleet = Fleet(args, address, model)
+            fleet.mean_group_s = mean_group_s
+            redis_cpu0 = cpu_seconds(rs.proc.pid)
+            tasks = [asyncio.create_task(fleet.replica(i)) for i in range(args.replicas)]
+            trainer = asyncio.create_task(fleet.trainer())
+            t0 = time.monotonic()
+            faults: list[str] = []
+            await asyncio.sleep(wall * 0.3)
+            if args.faults:
+                buffer_cpu += cpu_seconds(buf.pid)
+                buf.kill()
+                buf.wait()
+                buf = subprocess.Popen(cmd, cwd=ROOT)
+                faults.append(f"buffer killed at {time.monotonic() - t0:.1f}s")
+            await asyncio.sleep(wall * 0.3)
+            if args.faults:
+                redis_cpu0 -= cpu_seconds(rs.proc.pid)
+                await asyncio.to_thread(rs.restart)
+                redis_cpu0 += cpu_seconds(rs.proc.pid)
+                faults.append(f"redis restarted at {time.monotonic() - t0:.1f}s")
+            await asyncio.sleep(wall * 0.4)
+            series = series_count(mport)
+            fleet.stop.set()
+            elapsed = time.monotonic() - t0
+            await asyncio.wait([*tasks, trainer], timeout=120)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            client = fleet.clients[0]
+            stats = await client.stats()
+            import redis as redis_sync
+
+            mem = redis_sync.Redis.from_url(rs.url).info("memory")["used_memory"]
+            buffer_cpu += cpu_seconds(buf.pid)
+            redis_cpu = cpu_seconds(rs.proc.pid) - redis_cpu0
+            for c in fleet.clients:
+                await c.close()
+        finally:
+            buf.terminate()
+            buf.wait(timeout=30)
+    real = elapsed * model.time_scale
+    dropped = sum(stats.dropped_total.values())
+    balance = stats.acked_total + dropped + stats.pending + stats.in_flight
+    fan = fleet.fanout_seconds()
+    k = max(stats.put_total, 1) / 1000.0
+    return {
+        "bench": "scale",
+        "replicas": args.replicas,
+        "eta": args.eta,
+        "batch_groups": model.batch_groups,
+        "time_scale": model.time_scale,
+        "token_scale": model.token_scale,
+        "wall_s": round(elapsed, 1),
+        "simulated_s": round(real, 1),
+        "mean_group_s": round(mean_group_s, 2),
+        "offered_groups_per_s": round(fleet.offered_groups / real, 3),
+        "admitted_groups_per_s": round(fleet.admitted_groups / real, 3),
+        "offered_tokens_per_s": round(fleet.offered_tokens / real, 1),
+        "admitted_tokens_per_s": round(fleet.admitted_tokens / real, 1),
+        "wire_groups_per_s": round(fleet.offered_groups / elapsed, 1),
+        "put_results": dict(fleet.results),
+        "versions": fleet.version_seen,
+        "trainer_starved_fraction": round(fleet.starved_s / max(elapsed, 1e-9), 4),
+        **{
+            f"{name}_p{q}_ms": pct(fleet.lat[name], q)
+            for name in ("reserve", "put", "claim", "ack", "set_version")
+            for q in (50, 99)
+        },
+        "buffer_cpu_s_per_1000_groups": round(buffer_cpu / k, 3),
+        "redis_cpu_s_per_1000_groups": round(redis_cpu / k, 3),
+        "redis_used_memory_bytes": int(mem),
+        "redis_memory_bytes_per_1000_groups": int(mem / k),
+        "put_total": stats.put_total,
+        "acked": stats.acked_total,
+        "dropped": dict(stats.dropped_total),
+        "pending": stats.pending,
+        "in_flight": stats.in_flight,
+        "invariant_holds": bool(stats.invariant_ok and stats.put_total == balance),
+        "staleness_violations": fleet.staleness_violations,
+        "max_served_staleness": fleet.max_staleness,
+        "setversion_to_all_replicas_s_p50": (
+            round(float(np.median(fan)) * model.time_scale, 1) if fan else None
+        ),
+        "setversion_to_all_replicas_s_max": round(max(fan) * model.time_scale, 1) if fan else None,
+        "replica_deaths": fleet.deaths,
+        "faults": faults,
+        "buffer_metrics_series": series,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument(
+        "--replicas", type=lambda s: [int(x) for x in s.split(",")], default=[8, 64]
+    )
+    parser.add_argument("--eta", type=lambda s: [int(x) for x in s.split(",")], default=[2])
+    parser.add_argument("--duration", type=float, default=600.0, help="simulated seconds")
+    parser.add_argument("--time-scale", type=float, default=20.0)
+    parser.add_argument("--token-scale", type=int, default=32)
+    parser.add_argument(
+        "--batch-groups", type=int, default=0, help="groups a step (0: N/4 in [4, 256])"
+    )
+    parser.add_argument("--replicas-per-channel", type=int, default=64)
+    parser.add_argument("--die-p", type=float, default=0.01)
+    parser.add_argument("--no-faults", dest="faults", action="store_false")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    for n in args.replicas:
+        for eta in args.eta:
+            point = argparse.Namespace(**{**vars(args), "replicas": n, "eta": eta})
+            print(json.dumps(asyncio.run(run_point(point))), flush=True)
+
+
+if __name__ == "__main__":
+    main()
