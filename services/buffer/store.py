@@ -213,7 +213,19 @@ def connect(url: str, password: str | None = None) -> aioredis.Redis:
     }
     if password:
         kwargs["password"] = password
-    return aioredis.from_url(url, **kwargs)
+    # redis-py's default pool holds 100 connections and fails the 101st concurrent call with
+    # "Too many connections" (a ConnectionError: the buffer would turn NOT_SERVING under
+    # load, with Redis healthy). A fleet keeps more calls in flight than that; Redis runs
+    # one command at a time, so more connections add nothing: calls past the bound wait for
+    # a free connection (for up to the socket timeout) instead of failing.
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url, max_connections=REDIS_CONNECTIONS, timeout=kwargs["socket_timeout"], **kwargs
+    )
+    return aioredis.Redis.from_pool(pool)  # closing the client closes the pool
+
+
+REDIS_CONNECTIONS = 64
+"""Connections one buffer process opens to Redis at most; further concurrent calls queue."""
 
 
 class RedisStore:
