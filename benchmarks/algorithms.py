@@ -30,8 +30,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from services.common.config import NormConfig, PPOActorConfig  # noqa: E402
+from services.common.config.views import ActorLossView, AdvantageView  # noqa: E402
 from services.trainer.algorithms import (  # noqa: E402
-    NormSpec,
     compute_advantages,
     compute_prox_logp,
     ppo_actor_loss,
@@ -87,13 +88,20 @@ ALGOS: dict[str, dict] = {
 
 
 def vectorised(batch: Batch, level: str, decoupled: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    actor = PPOActorConfig(
+        reward_norm=NormConfig(mean_level="group", std_level="group", eps=EPS),
+        adv_norm=NormConfig(mean_level="batch", std_level="batch", eps=EPS),
+        eps_clip=EPS_CLIP,
+        importance_sampling_level=level,
+        use_decoupled_loss=decoupled,
+        prox_logp_method="loglinear" if decoupled else "recompute",
+    )
     adv = compute_advantages(
+        AdvantageView.of(actor),
         rewards=batch.rewards,
         loss_mask=batch.loss_mask,
         no_eos=batch.no_eos,
         group_ids=batch.group_ids,
-        reward_norm=NormSpec("group", False, "group", True, EPS),
-        adv_norm=NormSpec("batch", False, "batch", True, EPS),
     )
     theta = batch.theta.clone().requires_grad_(True)
     if decoupled:
@@ -112,10 +120,8 @@ def vectorised(batch: Batch, level: str, decoupled: bool) -> tuple[torch.Tensor,
         prox,
         adv.advantages,
         adv.loss_mask,
+        ActorLossView.of(actor),
         behave_logprobs=batch.behave if decoupled else None,
-        use_decoupled_loss=decoupled,
-        eps_clip=EPS_CLIP,
-        importance_sampling_level=level,
     )
     loss.backward()
     assert theta.grad is not None

@@ -23,11 +23,13 @@ from services.api import (
 )
 from services.buffer.filters import resolve_filter
 from services.common.config import PPOActorConfig
+from services.common.config.views import ActorLossView, AdvantageView
+from services.core.filters import resolve_should_accept
 from services.core.types import SamplingParams, Trajectory
 from services.reward.registry import RewardRegistry, load_callable
 from services.rollout.engine.torch_engine import TorchEngine
 from services.rollout.workflows.base import build_trajectory, load_workflow
-from services.trainer.algorithms import actor_loss, compute_advantages, should_accept_from_config
+from services.trainer.algorithms import actor_loss, compute_advantages
 from tests.fixtures_models import tiny_model_dir  # noqa: F401 - fixture
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,8 +130,8 @@ def test_group_filter_examples_in_the_buffer_and_the_trainer() -> None:
     some_solved = resolve_filter(f"{PKG}.group_filter:some_solved")
     assert some_solved is not None
     assert some_solved(group(0.0, 1.0)) is True and some_solved(group(0.0, 0.5)) is False
-    wide = should_accept_from_config(
-        PPOActorConfig(should_accept_fn=f"{PKG}.group_filter:wide_spread")
+    wide = resolve_should_accept(
+        PPOActorConfig(should_accept_fn=f"{PKG}.group_filter:wide_spread").should_accept_fn
     )
     # max - min >= 0.5: 1.0 - 0.0 keeps, 0.4 - 0.2 drops
     assert wide(group(0.0, 1.0)) is True and wide(group(0.2, 0.4)) is False
@@ -143,7 +145,9 @@ def test_group_filter_examples_in_the_buffer_and_the_trainer() -> None:
 def test_a_filter_of_the_older_form_is_adapted() -> None:
     # `_spread(rewards, minimum)`: its first parameter is `rewards`, so the loader adapts it;
     # `minimum` has no default, so calling it without binding it is the function's TypeError.
-    fn = should_accept_from_config(PPOActorConfig(should_accept_fn=f"{PKG}.group_filter:_spread"))
+    fn = resolve_should_accept(
+        PPOActorConfig(should_accept_fn=f"{PKG}.group_filter:_spread").should_accept_fn
+    )
     with pytest.raises(TypeError, match="minimum"):
         fn(group(0.0, 1.0))
 
@@ -156,12 +160,14 @@ def test_gae_lambda_example_in_the_advantages() -> None:
     # Trajectory 0 has 3 generated tokens > threshold 2: λ = 0.95 → [0.9025, 0.95, 1];
     # trajectory 1 has 2 <= 2: λ = 1 → [1, 1] (then padding).
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.bool)
+    actor = PPOActorConfig(
+        gae_lambda=f"{PKG}.gae_lambda:by_length", gae_lambda_kwargs={"threshold": 2}
+    )
     result = compute_advantages(
+        AdvantageView.of(actor),
         rewards=torch.tensor([1.0, 1.0]),
         loss_mask=mask,
         no_eos=torch.tensor([False, False]),
-        gae_lambda=f"{PKG}.gae_lambda:by_length",
-        gae_lambda_kwargs={"threshold": 2},
     )
     expected = torch.tensor([[0.9025, 0.95, 1.0], [1.0, 1.0, 0.0]])
     torch.testing.assert_close(
@@ -179,7 +185,11 @@ def test_surrogate_example_from_the_config() -> None:
     behave = torch.full((1, 3), math.log(0.25))
     advantages = torch.tensor([[1.0, -1.0, 0.5]])
     loss, stats = actor_loss(
-        actor, logprobs, advantages, torch.ones(1, 3, dtype=torch.bool), behave_logprobs=behave
+        ActorLossView.of(actor),
+        logprobs,
+        advantages,
+        torch.ones(1, 3, dtype=torch.bool),
+        behave_logprobs=behave,
     )
     torch.testing.assert_close(loss, torch.tensor(-1.0 / 3.0), rtol=0, atol=1e-6)
     loss.backward()

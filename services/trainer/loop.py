@@ -291,9 +291,11 @@ class TrainerLoop:
         actor = self.cfg.actor
         if not (actor.dynamic_sampling or actor.should_accept_fn):
             return groups
-        from services.trainer.algorithms.config_adapters import should_accept_from_config
+        from services.core.filters import resolve_should_accept
 
-        accept = should_accept_from_config(actor)
+        accept = resolve_should_accept(
+            actor.should_accept_fn, dynamic_sampling=actor.dynamic_sampling
+        )
         return [g for g in groups if accept(g)]  # services.api.GroupFilter: the group
 
     def _train_step(self, groups: list[TrajectoryGroup], *, wait_batch: float) -> None:

@@ -36,13 +36,14 @@ import torch
 import torch.distributed as dist
 
 from services.common.config import FlywheelConfig, OptimizerConfig
+from services.common.config.views import ActorLossView, AdvantageView, CriticLossView
 from services.core.types import TrajectoryGroup
 from services.trainer.algorithms import (
     ACTOR_TOKEN_STATS,
     CRITIC_TOKEN_STATS,
     actor_loss,
     batch_advantages,
-    critic_loss_from_config,
+    critic_loss,
     needs_recompute,
 )
 from services.trainer.batch import SeqBatch, from_groups
@@ -107,6 +108,10 @@ class PPOTrainer:
             log.warning("actor.optimizer is null; training with the default OptimizerConfig")
             actor = actor.model_copy(update={"optimizer": OptimizerConfig()})
         self.actor_cfg = actor
+        # The algorithms' frozen settings, built once from the validated config.
+        self.loss_view = ActorLossView.of(actor, cfg.teacher)
+        self.advantage_view = AdvantageView.of(actor)
+        self.critic_view = None if cfg.critic is None else CriticLossView.of(cfg.critic, actor)
         if abs(actor.temperature - cfg.gconfig.temperature) > 1e-9 and cfg.gconfig.temperature > 0:
             log.warning(
                 "actor.temperature differs from gconfig.temperature; the trainer recomputes "
@@ -285,7 +290,7 @@ class PPOTrainer:
 
         t = time.perf_counter()
         adv = batch_advantages(
-            actor_cfg,
+            self.advantage_view,
             batch,
             prox_logprobs=prox_full,
             ref_logprobs=ref_full,
@@ -401,7 +406,7 @@ class PPOTrainer:
                     recomputed = None if prox_full is None else prox_full[rows, :width].to(dev)
                 teacher = None if teacher_full is None else teacher_full[rows, :width].to(dev)
                 loss, stats = actor_loss(
-                    a,
+                    self.loss_view,
                     logp,
                     advantages[rows, :width].to(dev),
                     mask,
@@ -410,7 +415,6 @@ class PPOTrainer:
                     versions=versions,
                     current_version=v,
                     theta_version=v + m / n_mini,
-                    teacher=self.cfg.teacher,
                     teacher_logprobs=teacher,
                     normalizer=normalizer,
                     entropy=None if entropy is None else entropy.detach(),
@@ -449,7 +453,8 @@ class PPOTrainer:
         """Critic minibatches → (mean loss, the critic's statistics: AReaL's per-token
         ones from `CRITIC_TOKEN_STATS`)."""
         assert self.critic is not None and self.cfg.critic is not None
-        engine, ccfg = self.critic, self.cfg.critic
+        engine, critic_view = self.critic, self.critic_view
+        assert critic_view is not None
         dev = self.ctx.device
         acc = StatAccumulator()
         losses = []
@@ -468,13 +473,12 @@ class PPOTrainer:
                     (values.sum() * 0.0).backward()
                     continue
                 width = values.shape[1]
-                loss, cstats = critic_loss_from_config(
-                    ccfg,
+                loss, cstats = critic_loss(
                     values,
                     old_values[rows, :width].to(dev),
                     returns[rows, :width].to(dev),
                     train_mask[rows, :width].to(dev),
-                    actor=self.actor_cfg,
+                    critic_view,
                     normalizer=normalizer,
                 )
                 loss.backward()

@@ -7,8 +7,9 @@ import math
 import pytest
 import torch
 
+from services.common.config import PPOActorConfig, RejectionSamplingConfig
+from services.common.config.views import ActorLossView
 from services.trainer.algorithms.losses import ppo_actor_loss
-from services.trainer.algorithms.offpolicy import RejectionSpec
 from services.trainer.algorithms.stats import ACTOR_TOKEN_STATS, summarize_token_stats
 from services.trainer.stats_agg import StatAccumulator
 
@@ -43,9 +44,12 @@ def _micro_batch(ratios: list[float], behave_shift: list[float]) -> dict[str, to
         prox,
         torch.ones(1, len(ratios)),
         torch.ones(1, len(ratios), dtype=torch.bool),
+        ActorLossView.of(
+            PPOActorConfig(
+                use_decoupled_loss=True, rejection_sampling=RejectionSamplingConfig(upper=2.0)
+            )
+        ),
         behave_logprobs=behave,
-        use_decoupled_loss=True,
-        rejection_sampling=RejectionSpec(upper=2.0),
     )
     return stats
 

@@ -4,16 +4,20 @@ No I/O and no process groups (the one exception: batch-level normalisation all-r
 sums when given a `process_group`). Formulas, presets and the statistics table are in
 `docs/algorithms.md`.
 
+Every function takes tensors and, where it has settings, one frozen view of the config
+built once at load (`services.common.config.views`: `AdvantageView`, `ActorLossView`,
+`CriticLossView`); the schema validated the values and owns their defaults.
+
 The trainer's entry points (`api.py`): `PPOTrainer` calls these and nothing else for its
 algorithm steps, so a script that calls them gets the trainer's numbers.
 
-    `batch_advantages(actor, batch, prox_logprobs=, ref_logprobs=, values=, ...)
+    `batch_advantages(settings, batch, prox_logprobs=, ref_logprobs=, values=, ...)
         -> AdvantageResult` — advantages, returns and loss mask of a padded batch; the KL
         reward's π_old chosen by `kl_logprobs` (AReaL's rule).
-    `actor_loss(actor, logprobs, advantages, loss_mask, behave_logprobs=,
-        prox_logp_method=, recomputed_logprobs=, versions=, current_version=, teacher=,
+    `actor_loss(settings, logprobs, advantages, loss_mask, behave_logprobs=,
+        prox_logp_method=, recomputed_logprobs=, versions=, current_version=,
         teacher_logprobs=, normalizer=, ...) -> (loss, stats)` — π_prox by the chosen
-        method, then the PPO-family loss with the actor's settings.
+        method, then the PPO-family loss.
     `gae_lambda_context(loss_mask, turn_ids, gae_timestep_unit)` — the λ-function context.
     `approximate_prox_logp(method, behave, theta, alpha)` with `interpolation_alpha` —
         each proximal approximation: `loglinear`, `linear`, `rollout`.
@@ -21,23 +25,23 @@ algorithm steps, so a script that calls them gets the trainer's numbers.
 The functions under them:
 
 Advantages
-    `compute_advantages(...) -> AdvantageResult` — rewards → overlong penalty, bias /
+    `compute_advantages(settings, rewards=, loss_mask=, no_eos=, ...) -> AdvantageResult`
+    — rewards → overlong penalty, bias /
     scaling / clip, `reward_norm`, KL shaping (k1/k2/k3 against a reference), GAE over
     tokens or turns with per-trajectory λ, `adv_norm`.
     `normalize(...)`, `normalize_with(x, NormConfig, ...)`, `NormSpec`.
 Losses
-    `ppo_actor_loss(...) -> (loss, stats)` — clip / dual clip / clip-higher, token or
+    `ppo_actor_loss(logprobs, proximal_logprobs, advantages, loss_mask, settings, ...)
+    -> (loss, stats)` — clip / dual clip / clip-higher, token or
     sequence (GSPO) ratios, decoupled PPO, SAPO, CISPO, M2PO, rejection sampling
-    (IcePop / KPop), the on-policy distillation term; `critic_loss(...) -> (loss, stats)`;
+    (IcePop / KPop), the on-policy distillation term; `critic_loss(values, old_values,
+    returns, loss_mask, settings, ...) -> (loss, stats)`;
     `aggregate_loss(...)`. Their stats hold AReaL's per-token tensors.
 Proximal policy
     `compute_prox_logp(method, ...) -> ProxResult` (every method of `PROX_LOGP_METHODS`),
     `needs_recompute(method)`.
 Filters
     The group filters live in `services.core.filters` (torch-free, shared with the buffer).
-Config adapters
-    `advantages_from_config`, `actor_loss_from_config`, `critic_loss_from_config`,
-    `prox_from_config`, `should_accept_from_config`, and the `*_kwargs` helpers.
 Registries (`services.core.plugins.Registry`: unknown names list the valid ones,
 duplicates are errors)
     `SURROGATES`, `KL_ESTIMATORS`, `GAE_LAMBDA_FNS`, `AGGREGATORS`.
@@ -45,76 +49,44 @@ Statistics
     `STATS`: every scalar and reported name with its meaning; `ACTOR_TOKEN_STATS` /
     `CRITIC_TOKEN_STATS`: which per-token tensor over which mask becomes
     `<name>/avg|min|max`; `summarize_token_stats(stats, table)` reduces one call's.
-
-Names are loaded lazily (PEP 562) so that importing one torch-free submodule does not
-import torch.
 """
 
-from __future__ import annotations
-
-import importlib
-from typing import TYPE_CHECKING, Any
-
-_EXPORTS: dict[str, str] = {
-    # the trainer's entry points
-    "batch_advantages": "api",
-    "actor_loss": "api",
-    "kl_logprobs": "api",
-    "gae_lambda_context": "gae_lambda",
-    "approximate_prox_logp": "prox",
-    "PROX_APPROX_METHODS": "stats",
-    # advantages
-    "AdvantageResult": "advantages",
-    "compute_advantages": "advantages",
-    "normalize": "normalization",
-    "normalize_with": "normalization",
-    "NormSpec": "normalization",
-    "group_index_from_ids": "normalization",
-    "gae_token_level": "gae",
-    "gae_turn_level": "gae",
-    "GAE_LAMBDA_FNS": "gae_lambda",
-    "resolve_gae_lambda": "gae_lambda",
-    "overlong_penalty": "rewards",
-    "shape_rewards": "rewards",
-    "KL_ESTIMATORS": "kl",
-    "binary_kl_symmetric": "kl",
-    # losses
-    "ppo_actor_loss": "losses",
-    "critic_loss": "losses",
-    "aggregate_loss": "aggregation",
-    "AGGREGATORS": "aggregation",
-    "SURROGATES": "surrogates",
-    "SurrogateParams": "surrogates",
-    "apply_rejection_sampling": "offpolicy",
-    "m2po_mask": "offpolicy",
-    "RejectionSpec": "offpolicy",
-    "ICEPOP": "offpolicy",
-    "KPOP": "offpolicy",
-    # proximal policy
-    "compute_prox_logp": "prox",
-    "needs_recompute": "prox",
-    "interpolation_alpha": "prox",
-    "ProxResult": "prox",
-    "PROX_LOGP_METHODS": "prox",
-    # config adapters
-    "advantages_from_config": "config_adapters",
-    "actor_loss_from_config": "config_adapters",
-    "critic_loss_from_config": "config_adapters",
-    "prox_from_config": "config_adapters",
-    "should_accept_from_config": "config_adapters",
-    "advantage_kwargs": "config_adapters",
-    "actor_loss_kwargs": "config_adapters",
-    "critic_loss_kwargs": "config_adapters",
-    # layouts, registries, stats
-    "packed_to_padded": "layout",
-    "padded_to_packed": "layout",
-    "STATS": "stats",
-    "ACTOR_TOKEN_STATS": "stats",
-    "CRITIC_TOKEN_STATS": "stats",
-    "TokenStat": "stats",
-    "summarize_token_stats": "stats",
-    "token_reductions": "stats",
-}
+from .advantages import AdvantageResult, compute_advantages
+from .aggregation import AGGREGATORS, aggregate_loss
+from .api import actor_loss, batch_advantages, kl_logprobs
+from .gae import gae_token_level, gae_turn_level
+from .gae_lambda import GAE_LAMBDA_FNS, gae_lambda_context, resolve_gae_lambda
+from .kl import KL_ESTIMATORS, binary_kl_symmetric
+from .layout import packed_to_padded, padded_to_packed
+from .losses import critic_loss, ppo_actor_loss
+from .normalization import NormSpec, group_index_from_ids, normalize, normalize_with
+from .offpolicy import (
+    ICEPOP,
+    KPOP,
+    RejectionSpec,
+    apply_rejection_sampling,
+    behave_imp_weight,
+    m2po_mask,
+)
+from .prox import (
+    PROX_LOGP_METHODS,
+    ProxResult,
+    approximate_prox_logp,
+    compute_prox_logp,
+    interpolation_alpha,
+    needs_recompute,
+)
+from .rewards import overlong_penalty, shape_rewards
+from .stats import (
+    ACTOR_TOKEN_STATS,
+    CRITIC_TOKEN_STATS,
+    PROX_APPROX_METHODS,
+    STATS,
+    TokenStat,
+    summarize_token_stats,
+    token_reductions,
+)
+from .surrogates import SURROGATES, SurrogateParams
 
 __all__ = [
     "ACTOR_TOKEN_STATS",
@@ -135,20 +107,15 @@ __all__ = [
     "SurrogateParams",
     "TokenStat",
     "actor_loss",
-    "actor_loss_from_config",
-    "actor_loss_kwargs",
-    "advantage_kwargs",
-    "advantages_from_config",
     "aggregate_loss",
     "apply_rejection_sampling",
     "approximate_prox_logp",
     "batch_advantages",
+    "behave_imp_weight",
     "binary_kl_symmetric",
     "compute_advantages",
     "compute_prox_logp",
     "critic_loss",
-    "critic_loss_from_config",
-    "critic_loss_kwargs",
     "gae_lambda_context",
     "gae_token_level",
     "gae_turn_level",
@@ -163,65 +130,8 @@ __all__ = [
     "packed_to_padded",
     "padded_to_packed",
     "ppo_actor_loss",
-    "prox_from_config",
     "resolve_gae_lambda",
     "shape_rewards",
-    "should_accept_from_config",
     "summarize_token_stats",
     "token_reductions",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
-
-
-if TYPE_CHECKING:  # pragma: no cover - static analysers see the real names
-    from .advantages import AdvantageResult, compute_advantages
-    from .aggregation import AGGREGATORS, aggregate_loss
-    from .api import actor_loss, batch_advantages, kl_logprobs
-    from .config_adapters import (
-        actor_loss_from_config,
-        actor_loss_kwargs,
-        advantage_kwargs,
-        advantages_from_config,
-        critic_loss_from_config,
-        critic_loss_kwargs,
-        prox_from_config,
-        should_accept_from_config,
-    )
-    from .gae import gae_token_level, gae_turn_level
-    from .gae_lambda import GAE_LAMBDA_FNS, gae_lambda_context, resolve_gae_lambda
-    from .kl import KL_ESTIMATORS, binary_kl_symmetric
-    from .layout import packed_to_padded, padded_to_packed
-    from .losses import critic_loss, ppo_actor_loss
-    from .normalization import NormSpec, group_index_from_ids, normalize, normalize_with
-    from .offpolicy import ICEPOP, KPOP, RejectionSpec, apply_rejection_sampling, m2po_mask
-    from .prox import (
-        PROX_LOGP_METHODS,
-        ProxResult,
-        approximate_prox_logp,
-        compute_prox_logp,
-        interpolation_alpha,
-        needs_recompute,
-    )
-    from .rewards import overlong_penalty, shape_rewards
-    from .stats import (
-        ACTOR_TOKEN_STATS,
-        CRITIC_TOKEN_STATS,
-        PROX_APPROX_METHODS,
-        STATS,
-        TokenStat,
-        summarize_token_stats,
-        token_reductions,
-    )
-    from .surrogates import SURROGATES, SurrogateParams

@@ -27,17 +27,19 @@ deliberate difference, listed in docs/algorithms.md.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from services.common.config.views import AdvantageView
+
 from .checks import require_finite
 from .gae import gae_token_level, gae_turn_level
 from .gae_lambda import gae_lambda_context, resolve_gae_lambda
-from .kl import KL_CLAMP, kl_reward_estimate
+from .kl import kl_reward_estimate
 from .layout import (
     check_per_seq,
     check_same_shape,
@@ -45,7 +47,7 @@ from .layout import (
     packed_to_padded,
     padded_to_packed,
 )
-from .normalization import NormLike, normalize_with
+from .normalization import normalize_with
 from .rewards import overlong_penalty, shape_rewards
 from .stats import masked_mean, scalar
 
@@ -65,6 +67,7 @@ class AdvantageResult:
 
 
 def compute_advantages(
+    settings: AdvantageView,
     *,
     rewards: Tensor,
     loss_mask: Tensor,
@@ -77,29 +80,12 @@ def compute_advantages(
     turn_ids: Tensor | None = None,
     cu_seqlens: Tensor | None = None,
     attention_mask: Tensor | None = None,
-    reward_bias: float = 0.0,
-    reward_scaling: float = 1.0,
-    reward_clip: float = 20.0,
-    reward_norm: NormLike | None = None,
-    overlong_reward_penalty: bool = False,
-    overlong_tokens: int | None = None,
-    overlong_penalty_factor: float | None = None,
-    max_new_tokens: int | None = None,
-    mask_no_eos_with_zero: bool = False,
-    overlong_filtering: bool = False,
-    kl_ctl: float = 0.0,
-    kl_estimator: str = "k1",
-    kl_clamp: float | None = KL_CLAMP,
-    discount: float = 1.0,
-    gae_lambda: float | str = 1.0,
-    gae_lambda_kwargs: Mapping[str, Any] | None = None,
-    gae_timestep_unit: str = "token",
-    adv_norm: NormLike | None = None,
-    group_size: int | None = None,
     process_group: Any = None,
 ) -> AdvantageResult:
     """Turn outcome rewards into per-token advantages and critic targets.
 
+    `settings` is the actor config's advantage view (`AdvantageView.of(actor)`), validated
+    at load.
     Per-token inputs (`loss_mask`, `logprobs`, `ref_logprobs`, `values`, `turn_ids`,
     `attention_mask`) share one layout: padded `[B, T]`, or packed `[N]` with `cu_seqlens`.
     Per-sequence inputs: `rewards` `[B]`, `no_eos` `[B]` (bool, the rollout's truncation
@@ -123,26 +109,17 @@ def compute_advantages(
         attention_mask=attention_mask,
     )
     check_per_seq(layout, rewards=rewards, no_eos=no_eos, bootstrap_values=bootstrap_values)
-    if gae_timestep_unit not in ("token", "turn"):
-        raise ValueError(f"gae_timestep_unit must be 'token' or 'turn', got {gae_timestep_unit!r}")
-    if gae_timestep_unit == "turn" and turn_ids is None:
+    if settings.gae_timestep_unit == "turn" and turn_ids is None:
         raise ValueError(
             "gae_timestep_unit='turn' needs turn_ids (one id per token, -1 outside turns)"
         )
-    if kl_ctl < 0:
-        raise ValueError(f"kl_ctl must be >= 0, got {kl_ctl!r}")
-    if kl_ctl > 0 and (logprobs is None or ref_logprobs is None):
+    if settings.kl_ctl > 0 and (logprobs is None or ref_logprobs is None):
         raise ValueError(
-            f"kl_ctl={kl_ctl} needs both logprobs and ref_logprobs (a reference model); "
+            f"kl_ctl={settings.kl_ctl} needs both logprobs and ref_logprobs (a reference model); "
             "set kl_ctl=0 to train without the KL penalty"
         )
     if bootstrap_values is not None and values is None:
         raise ValueError("bootstrap_values were given without values (a critic)")
-    if mask_no_eos_with_zero and overlong_filtering:
-        raise ValueError(
-            "mask_no_eos_with_zero and overlong_filtering both act on truncated sequences; "
-            "overlong_filtering already removes them from training, so choose one"
-        )
 
     if layout.packed:
         cu = layout.cu_seqlens
@@ -163,7 +140,8 @@ def compute_advantages(
             group_ids=group_ids,
             turn_ids=pad(turn_ids, -1),
             seq_lens=lengths,
-            **_options(locals()),
+            settings=settings,
+            process_group=process_group,
         )
 
         def unpad(t: Tensor) -> Tensor:
@@ -188,36 +166,9 @@ def compute_advantages(
         group_ids=group_ids,
         turn_ids=turn_ids,
         seq_lens=seq_lens,
-        **_options(locals()),
+        settings=settings,
+        process_group=process_group,
     )
-
-
-_OPTION_NAMES = (
-    "reward_bias",
-    "reward_scaling",
-    "reward_clip",
-    "reward_norm",
-    "overlong_reward_penalty",
-    "overlong_tokens",
-    "overlong_penalty_factor",
-    "max_new_tokens",
-    "mask_no_eos_with_zero",
-    "overlong_filtering",
-    "kl_ctl",
-    "kl_estimator",
-    "kl_clamp",
-    "discount",
-    "gae_lambda",
-    "gae_lambda_kwargs",
-    "gae_timestep_unit",
-    "adv_norm",
-    "group_size",
-    "process_group",
-)
-
-
-def _options(scope: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: scope[k] for k in _OPTION_NAMES}
 
 
 def _compute_padded(
@@ -232,25 +183,7 @@ def _compute_padded(
     group_ids: Sequence[Hashable] | Tensor | None,
     turn_ids: Tensor | None,
     seq_lens: Tensor | None,
-    reward_bias: float,
-    reward_scaling: float,
-    reward_clip: float,
-    reward_norm: NormLike | None,
-    overlong_reward_penalty: bool,
-    overlong_tokens: int | None,
-    overlong_penalty_factor: float | None,
-    max_new_tokens: int | None,
-    mask_no_eos_with_zero: bool,
-    overlong_filtering: bool,
-    kl_ctl: float,
-    kl_estimator: str,
-    kl_clamp: float | None,
-    discount: float,
-    gae_lambda: float | str,
-    gae_lambda_kwargs: Mapping[str, Any] | None,
-    gae_timestep_unit: str,
-    adv_norm: NormLike | None,
-    group_size: int | None,
+    settings: AdvantageView,
     process_group: Any,
 ) -> AdvantageResult:
     device = mask.device
@@ -263,44 +196,46 @@ def _compute_padded(
 
     # 1. Scalar reward shaping.
     r = raw
-    if overlong_reward_penalty:
-        if max_new_tokens is None or overlong_tokens is None or overlong_penalty_factor is None:
-            raise ValueError(
-                "overlong_reward_penalty needs overlong_tokens, overlong_penalty_factor and "
-                "max_new_tokens"
-            )
+    if settings.overlong_reward_penalty:
+        assert settings.overlong_tokens is not None  # the schema requires both with the
+        assert settings.overlong_penalty_factor is not None  # penalty on
         penalty = overlong_penalty(
             response_lens,
-            max_new_tokens=max_new_tokens,
-            overlong_tokens=overlong_tokens,
-            overlong_penalty_factor=overlong_penalty_factor,
+            max_new_tokens=settings.max_new_tokens,
+            overlong_tokens=settings.overlong_tokens,
+            overlong_penalty_factor=settings.overlong_penalty_factor,
         )
         r = r + penalty
         stats["overlong_penalty"] = scalar(penalty.mean() if n else 0.0)
     r = shape_rewards(
-        r, reward_bias=reward_bias, reward_scaling=reward_scaling, reward_clip=reward_clip
+        r,
+        reward_bias=settings.reward_bias,
+        reward_scaling=settings.reward_scaling,
+        reward_clip=settings.reward_clip,
     )
-    if overlong_filtering:
+    if settings.overlong_filtering:
         r = torch.where(no_eos, 0.0, r)
         mask = mask & ~no_eos.unsqueeze(1)
     seq_valid = mask.any(dim=1)
     # AReaL normalises every sequence's reward (an empty completion's too); only the
     # truncated ones that overlong_filtering removes from training are left out.
-    in_norm = ~no_eos if overlong_filtering else torch.ones_like(no_eos)
-    r = normalize_with(r, reward_norm, in_norm, group_ids=group_ids, process_group=process_group)
-    if mask_no_eos_with_zero:
+    in_norm = ~no_eos if settings.overlong_filtering else torch.ones_like(no_eos)
+    r = normalize_with(
+        r, settings.reward_norm, in_norm, group_ids=group_ids, process_group=process_group
+    )
+    if settings.mask_no_eos_with_zero:
         # AReaL 2.0 `PPOActor._compute_advantages`: after reward_norm, the truncated
         # sequence's outcome reward is 0; its tokens keep the loss and the KL reward.
         r = torch.where(no_eos, 0.0, r)
 
     # 2. Per-token rewards: KL penalty on every generated token, outcome on the last one.
-    if kl_ctl > 0:
+    if settings.kl_ctl > 0:
         assert logprobs is not None and ref_logprobs is not None
         require_finite(mask, logprobs=logprobs, ref_logprobs=ref_logprobs)
         kl = kl_reward_estimate(
-            logprobs.detach(), ref_logprobs.detach(), kl_estimator, clamp=kl_clamp
+            logprobs.detach(), ref_logprobs.detach(), settings.kl_estimator, clamp=settings.kl_clamp
         )
-        kl_rewards = torch.where(mask, -kl_ctl * kl, 0.0)
+        kl_rewards = torch.where(mask, -settings.kl_ctl * kl, 0.0)
     else:
         kl_rewards = torch.zeros(n, t_len, dtype=torch.float32, device=device)
     pos = torch.arange(t_len, device=device).expand(n, t_len)
@@ -311,7 +246,9 @@ def _compute_padded(
 
     # 3. λ per trajectory.
     lam = resolve_gae_lambda(
-        gae_lambda, gae_lambda_context(mask, turn_ids, gae_timestep_unit), gae_lambda_kwargs
+        settings.gae_lambda,
+        gae_lambda_context(mask, turn_ids, settings.gae_timestep_unit),
+        settings.gae_lambda_kwargs,
     )
 
     # 4. GAE.
@@ -325,11 +262,11 @@ def _compute_padded(
                     "values are given and a sequence is truncated (no_eos)"
                 )
             bootstrap = torch.where(no_eos, bootstrap_values.detach().to(torch.float32), 0.0)
-    if gae_timestep_unit == "token":
+    if settings.gae_timestep_unit == "token":
         adv, returns = gae_token_level(
             task_rewards + kl_rewards,
             mask,
-            discount=discount,
+            discount=settings.discount,
             gae_lambda=lam,
             values=values,
             bootstrap=bootstrap,
@@ -340,7 +277,7 @@ def _compute_padded(
             task_rewards,
             mask,
             turn_ids,
-            discount=discount,
+            discount=settings.discount,
             gae_lambda=lam,
             values=values,
             bootstrap=bootstrap,
@@ -348,7 +285,9 @@ def _compute_padded(
         adv = adv + kl_rewards
 
     # 5. Advantage normalisation.
-    adv = normalize_with(adv, adv_norm, mask, group_ids=group_ids, process_group=process_group)
+    adv = normalize_with(
+        adv, settings.adv_norm, mask, group_ids=group_ids, process_group=process_group
+    )
 
     stats.update(
         n_seqs=scalar(n),

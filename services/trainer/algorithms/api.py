@@ -1,13 +1,14 @@
 """The trainer's entry points, one per concept, so a script calls the code the trainer calls.
 
 `PPOTrainer` (`services/trainer/ppo.py`) goes through these functions and nothing else
-for its algorithm steps; they take the config blocks (`PPOActorConfig`, `TeacherConfig`,
-or any object with the same field names) and tensors:
+for its algorithm steps; they take tensors and a frozen view of the config, built once at
+load (`services.common.config.views`: `AdvantageView.of(actor)`,
+`ActorLossView.of(actor, teacher)`):
 
-* `batch_advantages(actor, batch, ...)`: advantages, returns and the final loss mask of a
+* `batch_advantages(settings, batch, ...)`: advantages, returns and the final loss mask of a
   padded batch (`SeqBatch` or anything with its field names), choosing the policy the KL
   reward compares with the reference as AReaL does (`kl_logprobs`).
-* `actor_loss(actor, logprobs, advantages, loss_mask, prox_logp_method=..., ...)`: π_prox
+* `actor_loss(settings, logprobs, advantages, loss_mask, prox_logp_method=..., ...)`: π_prox
   by the chosen method (`recompute`, `loglinear`, `linear`, `metrics`, `reuse_train_logp`,
   `rollout`), then `ppo_actor_loss` with the actor's settings, the teacher term included.
 * `gae_lambda_context(loss_mask, turn_ids, gae_timestep_unit)`: what a λ function receives.
@@ -21,8 +22,9 @@ from typing import Any, Protocol
 
 from torch import Tensor
 
-from .advantages import AdvantageResult
-from .config_adapters import actor_loss_kwargs, advantages_from_config
+from services.common.config.views import ActorLossView, AdvantageView
+
+from .advantages import AdvantageResult, compute_advantages
 from .gae_lambda import gae_lambda_context
 from .losses import ppo_actor_loss
 from .prox import approximate_prox_logp, compute_prox_logp, interpolation_alpha
@@ -47,17 +49,19 @@ class BatchLike(Protocol):
     def attention_mask(self) -> Tensor: ...  # [B, T]
 
 
-def kl_logprobs(actor: Any, behave_logprobs: Tensor, prox_logprobs: Tensor | None) -> Tensor:
+def kl_logprobs(
+    settings: AdvantageView, behave_logprobs: Tensor, prox_logprobs: Tensor | None
+) -> Tensor:
     """π_old of the KL reward: the behaviour log-probabilities, replaced by the recomputed
     ones only when `recompute_logprob` is on and the decoupled loss is off (AReaL's
     `PPOActor._compute_advantages`, `areal/trainer/ppo/actor.py`)."""
-    if prox_logprobs is not None and actor.recompute_logprob and not actor.use_decoupled_loss:
+    if prox_logprobs is not None and settings.recompute_logprob and not settings.use_decoupled_loss:
         return prox_logprobs
     return behave_logprobs
 
 
 def batch_advantages(
-    actor: Any,
+    settings: AdvantageView,
     batch: BatchLike,
     *,
     prox_logprobs: Tensor | None = None,
@@ -66,7 +70,7 @@ def batch_advantages(
     bootstrap_values: Tensor | None = None,
     process_group: Any = None,
 ) -> AdvantageResult:
-    """`compute_advantages` on a padded batch with the actor config's settings.
+    """`compute_advantages` on a padded batch with the actor config's advantage view.
 
     `prox_logprobs` is the recomputed π (if the trainer ran that forward), `ref_logprobs`
     the reference model's (needed when `kl_ctl > 0`), `values` / `bootstrap_values` the
@@ -74,9 +78,9 @@ def batch_advantages(
     """
     logprobs = None
     if ref_logprobs is not None:
-        logprobs = kl_logprobs(actor, batch.behave_logp, prox_logprobs)
-    return advantages_from_config(
-        actor,
+        logprobs = kl_logprobs(settings, batch.behave_logp, prox_logprobs)
+    return compute_advantages(
+        settings,
         process_group=process_group,
         rewards=batch.rewards,
         loss_mask=batch.loss_mask.bool(),
@@ -92,7 +96,7 @@ def batch_advantages(
 
 
 def actor_loss(
-    actor: Any,
+    settings: ActorLossView,
     logprobs: Tensor,
     advantages: Tensor,
     loss_mask: Tensor,
@@ -103,7 +107,6 @@ def actor_loss(
     versions: Tensor | None = None,
     current_version: int | None = None,
     theta_version: float | Tensor | None = None,
-    teacher: Any = None,
     teacher_logprobs: Tensor | None = None,
     normalizer: float | Tensor | None = None,
     entropy: Tensor | None = None,
@@ -113,18 +116,17 @@ def actor_loss(
     """The actor's loss on one micro-batch → (loss with grad, stats), as the trainer does it.
 
     π_prox: with the decoupled loss, `compute_prox_logp(prox_logp_method, ...)` (default
-    `actor.prox_logp_method`; `recomputed_logprobs` is the forward with the step's starting
+    `settings.prox_logp_method`; `recomputed_logprobs` is the forward with the step's starting
     weights, needed by `recompute` / `metrics`); without it π_old = `recomputed_logprobs` if
     given, else `behave_logprobs` (and it stands for π_behave too, as in AReaL: M2PO then
-    masks nothing), and a `prox_logp_method` is refused. `teacher` (a
-    `TeacherConfig`) supplies `rl_loss_weight` / `distill_loss_weight` for
-    `teacher_logprobs`. `attention_mask` (the micro-batch's, padded layout) makes
+    masks nothing), and a `prox_logp_method` is refused. `teacher_logprobs` are weighed by
+    the teacher's `rl_loss_weight` / `distill_loss_weight` (`settings.distillation`). `attention_mask` (the micro-batch's, padded layout) makes
     `n_total_tokens` count tokens rather than positions. The stats are `ppo_actor_loss`'s
     plus the proximal method's.
     """
-    method = prox_logp_method or actor.prox_logp_method
+    method = prox_logp_method or settings.prox_logp_method
     extra: dict[str, Tensor] = {}
-    if actor.use_decoupled_loss:
+    if settings.use_decoupled_loss:
         res = compute_prox_logp(
             method,
             theta_logprobs=logprobs.detach(),
@@ -134,7 +136,7 @@ def actor_loss(
             loss_mask=loss_mask,
             recomputed_logprobs=recomputed_logprobs,
             theta_version=theta_version,
-            ppo_n_minibatches=actor.ppo_n_minibatches,
+            ppo_n_minibatches=settings.ppo_n_minibatches,
         )
         prox = res.prox_logprobs
         extra = res.stats
@@ -148,29 +150,20 @@ def actor_loss(
         # AReaL's loss sees one "old" policy here (its `logprobs` input is π_old): M2PO
         # compares it with itself and masks nothing, the teacher weight uses it.
         behave_logprobs = prox
-    teacher_kwargs: dict[str, Any] = {}
-    if teacher_logprobs is not None:
-        if teacher is None:
-            raise ValueError("teacher_logprobs needs the teacher config (its loss weights)")
-        teacher_kwargs = {
-            "teacher_logprobs": teacher_logprobs,
-            "rl_loss_weight": teacher.rl_loss_weight,
-            "distill_loss_weight": teacher.distill_loss_weight,
-        }
     loss, stats = ppo_actor_loss(
         logprobs,
         prox,
         advantages,
         loss_mask,
+        settings,
         behave_logprobs=behave_logprobs,
+        teacher_logprobs=teacher_logprobs,
         cu_seqlens=cu_seqlens,
         normalizer=normalizer,
         entropy=entropy,
         versions=versions,
         current_version=current_version,
         attention_mask=attention_mask,
-        **teacher_kwargs,
-        **actor_loss_kwargs(actor),
     )
     stats.update(extra)
     return loss, stats

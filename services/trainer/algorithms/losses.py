@@ -22,15 +22,19 @@ recomputation) and w_t = 1. Critic:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from services.common.config.views import ActorLossView, CriticLossView
+
 from .aggregation import aggregate_loss
 from .checks import require_finite
 from .layout import SeqLayout, check_same_shape, layout_of, seq_broadcast, seq_sum
-from .offpolicy import RejectionLike, apply_rejection_sampling, m2po_mask
+from .offpolicy import apply_rejection_sampling, behave_imp_weight, m2po_mask
 from .stats import masked_mean, masked_min_max, scalar
 from .surrogates import SURROGATES, SurrogateParams
 
@@ -50,26 +54,12 @@ def ppo_actor_loss(
     proximal_logprobs: Tensor,
     advantages: Tensor,
     loss_mask: Tensor,
+    settings: ActorLossView,
     *,
     behave_logprobs: Tensor | None = None,
-    cu_seqlens: Tensor | None = None,
-    surrogate: str = "clip",
-    eps_clip: float = 0.2,
-    eps_clip_higher: float | None = None,
-    c_clip: float | None = None,
-    sapo_tau_pos: float = 1.0,
-    sapo_tau_neg: float = 1.05,
-    importance_sampling_level: str = "token",
-    use_decoupled_loss: bool = False,
-    decoupled_correction: str = "behave_imp_weight",
-    rejection_sampling: RejectionLike | None = None,
-    m2_threshold: float | None = None,
     teacher_logprobs: Tensor | None = None,
-    rl_loss_weight: float = 1.0,
-    distill_loss_weight: float = 0.005,
-    loss_agg_mode: str = "token-mean",
+    cu_seqlens: Tensor | None = None,
     normalizer: float | Tensor | None = None,
-    loss_agg_norm: float | None = None,
     entropy: Tensor | None = None,
     versions: Tensor | None = None,
     current_version: int | None = None,
@@ -77,27 +67,24 @@ def ppo_actor_loss(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO-family actor loss (module docstring) → (scalar loss with grad, stats).
 
-    Per-token tensors share one layout: padded `[B, T]` or packed `[N]` with `cu_seqlens`.
-    `logprobs` is π_θ (with grad); `proximal_logprobs` π_prox (or π_old without the
-    decoupled loss); `behave_logprobs` π_behave (needed by the decoupled loss, rejection
-    sampling and M2PO). `normalizer` is the minibatch-wide denominator (see
-    `aggregation.py`); `versions` / `current_version` only feed the staleness statistics;
-    `attention_mask` (the positions that hold a token, prompt included) only feeds the
-    token counts: without it every position of the layout counts (right for the packed
-    layout, which has no padding).
+    `settings` is the actor config's loss view (`ActorLossView.of(actor, teacher)`),
+    validated at load. Per-token tensors share one layout: padded `[B, T]` or packed `[N]`
+    with `cu_seqlens`. `logprobs` is π_θ (with grad); `proximal_logprobs` π_prox (or π_old
+    without the decoupled loss); `behave_logprobs` π_behave (needed by the decoupled loss,
+    rejection sampling and M2PO); `teacher_logprobs` the teacher's (on-policy distillation,
+    weighted by `settings.distillation`). `normalizer` is the minibatch-wide denominator
+    (see `aggregation.py`); `versions` / `current_version` only feed the staleness
+    statistics; `attention_mask` (the positions that hold a token, prompt included) only
+    feeds the token counts: without it every position of the layout counts (right for the
+    packed layout, which has no padding).
 
-    Order of operations (AReaL's `grpo_loss_fn` and `ppo_actor_loss_fn`): M2PO masks the
-    call's loss tokens first; rejection sampling narrows that mask for the loss; the
-    statistics stay on the mask before rejection sampling. The denominator is the count
-    after M2PO (AReaL divides each micro-batch by its own post-M2PO count and weighs it by
-    its pre-M2PO count): with `normalizer` the sum is scaled by N_before/N_after M2PO.
-
-    On-policy distillation (AReaL 2.0's teacher term; `teacher_logprobs` from a teacher
-    model, over the M2PO mask): with `rl_loss_weight` > 0 the loss becomes
-    `rl_loss_weight · L_RL + distill_loss_weight · mean(log π_θ - log π_teacher)`; with
-    `rl_loss_weight` = 0 it is `-distill_loss_weight · mean(w · (log π_teacher - log π_θ))`,
-    w = π_θ/π_old (π_old: π_behave with the decoupled loss, else `proximal_logprobs`) and
-    the bracket detached: the RL term is dropped.
+    The steps, in AReaL's order (`grpo_loss_fn` and `ppo_actor_loss_fn`), one function each:
+    `m2po_step` masks the call's loss tokens first (the statistics mask); `behaviour_step`
+    weighs them by π_prox/π_behave and lets rejection sampling narrow the loss mask;
+    `policy_ratio` and the surrogate give the per-token loss; `m2po_normalizer` keeps the
+    post-M2PO count as the denominator (AReaL divides each micro-batch by its own post-M2PO
+    count and weighs it by its pre-M2PO count); `distillation_loss` adds or replaces the RL
+    term with the teacher's.
 
     Stats: per-token tensors under AReaL's names (`importance_weight`, `approx_kl`,
     `clip_mask`, `dual_clip_mask`, `loss`, `loss_mask` — the statistics mask —, and with
@@ -124,43 +111,8 @@ def ppo_actor_loss(
         teacher_logprobs=teacher_logprobs,
         attention_mask=attention_mask,
     )
-    # Argument checks of this public pure function: they guard direct callers (scripts,
-    # notebooks, tests). Through the config the same rules fail earlier, at load
-    # (`PPOActorConfig`), so the trainer never reaches them.
-    if importance_sampling_level not in ("token", "sequence"):
-        raise ValueError(
-            f"importance_sampling_level must be 'token' or 'sequence', got {importance_sampling_level!r}"
-        )
-    if surrogate == "cispo" and importance_sampling_level != "token":
-        raise ValueError(
-            "the cispo surrogate is token-level only; set importance_sampling_level='token'"
-        )
-    if decoupled_correction not in ("behave_imp_weight", "none"):
-        raise ValueError(
-            f"decoupled_correction must be 'behave_imp_weight' or 'none', got {decoupled_correction!r}"
-        )
-    if use_decoupled_loss and behave_logprobs is None:
-        raise ValueError(
-            "use_decoupled_loss=True needs behave_logprobs (π_behave from the rollout)"
-        )
-    if rejection_sampling is not None and not use_decoupled_loss:
-        raise ValueError(
-            "rejection_sampling acts on π_prox/π_behave and needs use_decoupled_loss=True "
-            "(without it the two are the same policy)"
-        )
-    if m2_threshold is not None and behave_logprobs is None:
-        raise ValueError(
-            "m2_threshold (M2PO) needs behave_logprobs: it masks by log π_behave - log π_prox"
-        )
-    if teacher_logprobs is not None and not (rl_loss_weight >= 0 and distill_loss_weight >= 0):
-        raise ValueError(
-            f"rl_loss_weight and distill_loss_weight must be >= 0, got {rl_loss_weight}, "
-            f"{distill_loss_weight}"
-        )
-    surrogate_fn = SURROGATES.get(surrogate)
-    params = SurrogateParams(eps_clip, eps_clip_higher, c_clip, sapo_tau_pos, sapo_tau_neg)
-
     orig_mask = loss_mask.to(torch.bool)
+    _check_inputs(settings, orig_mask, attention_mask, behave_logprobs, teacher_logprobs)
     require_finite(
         orig_mask,
         "loss tokens",
@@ -170,95 +122,50 @@ def ppo_actor_loss(
         behave_logprobs=behave_logprobs,
         teacher_logprobs=teacher_logprobs,
     )
-    if attention_mask is not None and bool((orig_mask & ~attention_mask.to(torch.bool)).any()):
-        raise ValueError("loss_mask has tokens where attention_mask is 0 (padding)")
-    stats: dict[str, Tensor] = {}
     prox = proximal_logprobs.detach()
-    adv = advantages.detach()
     behave = None if behave_logprobs is None else behave_logprobs.detach()
 
-    # 1. M2PO on the call's loss tokens (AReaL: before the loss function).
-    stat_mask = orig_mask
-    if m2_threshold is not None:
-        assert behave is not None
-        stat_mask, m2_stats = m2po_mask(behave - prox, orig_mask, m2_threshold)
-        stats.update(m2_stats)
-    mask = stat_mask  # narrowed by rejection sampling below; the stats stay on stat_mask
-
-    # 2. Behaviour weight π_prox/π_behave (decoupled PPO), filtered by rejection sampling.
-    behave_weight: Tensor | None = None
-    if use_decoupled_loss:
-        assert behave is not None
-        if rejection_sampling is not None:
-            rs = apply_rejection_sampling(
-                prox, behave, stat_mask, rejection_sampling, cu_seqlens=cu_seqlens
-            )
-            mask = rs.loss_mask
-            weight = rs.behave_imp_weight
-            stats["filtered_fraction"] = rs.filtered_fraction
-            stats["rs_filtered_fraction"] = rs.filtered_fraction
-        else:
-            weight = torch.where(
-                stat_mask, torch.exp(torch.where(stat_mask, prox - behave, 0.0)), 0.0
-            )
-        behave_mask = (weight > 0) & mask
-        stats["behave_imp_weight"] = weight.detach()
-        stats["behave_mask"] = behave_mask
-        stats["behave_approx_kl"] = torch.where(behave_mask, prox - behave, 0.0)
-        behave_weight = None if decoupled_correction == "none" else weight
-
-    # 3. Ratio (0 off the mask, as AReaL) and surrogate.
-    if importance_sampling_level == "sequence":
-        log_ratio = torch.where(mask, logprobs - prox, 0.0)
-        ratio, adv = sequence_ratio_and_advantages(log_ratio, adv, mask, layout)
-        ratio = torch.where(mask, ratio, 0.0)
-        adv = torch.where(mask, adv, 0.0)
-    else:
-        log_ratio = torch.where(stat_mask, logprobs - prox, 0.0)
-        ratio = torch.where(stat_mask, torch.exp(log_ratio), 0.0)
-    lp = logprobs if surrogate != "cispo" else torch.where(mask, logprobs, 0.0)
-    out = surrogate_fn(ratio, adv, lp, params)
+    stat_mask, stats = m2po_step(prox, behave, orig_mask, settings.m2_threshold)
+    behaviour = behaviour_step(prox, behave, stat_mask, settings, cu_seqlens)
+    stats.update(behaviour.stats)
+    mask = behaviour.loss_mask
+    ratio, adv = policy_ratio(
+        logprobs, prox, advantages.detach(), stat_mask, mask, settings, layout
+    )
+    params = SurrogateParams(
+        settings.eps_clip,
+        settings.eps_clip_higher,
+        settings.c_clip,
+        settings.sapo_tau_pos,
+        settings.sapo_tau_neg,
+    )
+    cispo = settings.surrogate == "cispo"
+    lp = torch.where(mask, logprobs, 0.0) if cispo else logprobs
+    out = SURROGATES.get(settings.surrogate)(ratio, adv, lp, params)
     per_token = out.per_token_loss
-    if behave_weight is not None:
-        per_token = per_token * behave_weight
-
-    # 4. Aggregation over the post-M2PO count (see the docstring).
-    n_orig = orig_mask.sum()
-    n_stat = stat_mask.sum()
-    norm = normalizer
-    if m2_threshold is not None and normalizer is not None and int(n_stat) > 0:
-        norm = float(normalizer) * int(n_stat) / int(n_orig)
+    if behaviour.weight is not None:
+        per_token = per_token * behaviour.weight
 
     def agg(values: Tensor, keep: Tensor) -> Tensor:
         return aggregate_loss(  # masks values itself
             values,
             keep,
-            loss_agg_mode,
+            settings.loss_agg_mode,
             denominator_mask=stat_mask,
             cu_seqlens=cu_seqlens,
-            normalizer=norm,
-            constant=loss_agg_norm,
+            normalizer=m2po_normalizer(normalizer, orig_mask, stat_mask, settings.m2_threshold),
+            constant=settings.loss_agg_norm,
         )
 
-    # 5. On-policy distillation against a teacher (AReaL 2.0 `grpo_loss_fn`).
-    if teacher_logprobs is not None:
-        teacher = teacher_logprobs.detach()
-        if rl_loss_weight == 0:
-            old = behave if use_decoupled_loss and behave is not None else prox
-            w = torch.exp(torch.where(stat_mask, logprobs - old, 0.0))
-            term = w * torch.where(stat_mask, teacher - logprobs.detach(), 0.0)
-            loss = -distill_loss_weight * agg(term, stat_mask)
-            stats["rkl_loss"] = torch.where(stat_mask, -term.detach(), 0.0)
-        else:
-            penalty = torch.where(stat_mask, logprobs - teacher, 0.0)
-            loss = rl_loss_weight * agg(per_token, mask) + distill_loss_weight * agg(
-                penalty, stat_mask
-            )
-            stats["rkl_loss"] = penalty.detach()
-    else:
+    if teacher_logprobs is None:
         loss = agg(per_token, mask)
+    else:
+        old = behave if settings.use_decoupled_loss and behave is not None else prox
+        loss, stats["rkl_loss"] = distillation_loss(
+            logprobs, old, teacher_logprobs.detach(), stat_mask, per_token, mask, settings, agg
+        )
 
-    clip_over = mask if surrogate == "cispo" else stat_mask  # AReaL's cispo_loss_fn
+    clip_over = mask if cispo else stat_mask  # AReaL's cispo_loss_fn
     stats.update(
         importance_weight=ratio.detach(),
         approx_kl=torch.where(stat_mask, logprobs.detach() - prox, 0.0),
@@ -267,17 +174,167 @@ def ppo_actor_loss(
         loss=torch.where(mask, per_token.detach(), 0.0),
         loss_mask=stat_mask,
         actor_loss=scalar(loss),
-        **token_counts(n_stat, attention_mask, orig_mask),
+        **token_counts(stat_mask.sum(), attention_mask, orig_mask),
     )
     stats.update(out.extra)
     if entropy is not None:
         stats["entropy"] = entropy.detach()
     if versions is not None and current_version is not None:
-        gen = orig_mask & (versions >= 0)
-        staleness = (current_version - versions).to(torch.float32)
-        stats["staleness_avg"] = masked_mean(staleness, gen)
-        stats["staleness_min"], stats["staleness_max"] = masked_min_max(staleness, gen)
+        stats.update(staleness_stats(versions, current_version, orig_mask))
     return loss, stats
+
+
+def _check_inputs(
+    settings: ActorLossView,
+    loss_mask: Tensor,
+    attention_mask: Tensor | None,
+    behave_logprobs: Tensor | None,
+    teacher_logprobs: Tensor | None,
+) -> None:
+    """The tensors the settings need are given (the settings themselves were validated at
+    load, by the schema)."""
+    if settings.use_decoupled_loss and behave_logprobs is None:
+        raise ValueError(
+            "use_decoupled_loss=True needs behave_logprobs (π_behave from the rollout)"
+        )
+    if settings.m2_threshold is not None and behave_logprobs is None:
+        raise ValueError(
+            "m2_threshold (M2PO) needs behave_logprobs: it masks by log π_behave - log π_prox"
+        )
+    if teacher_logprobs is not None and settings.distillation is None:
+        raise ValueError("teacher_logprobs needs the teacher config (its loss weights)")
+    if attention_mask is not None and bool((loss_mask & ~attention_mask.to(torch.bool)).any()):
+        raise ValueError("loss_mask has tokens where attention_mask is 0 (padding)")
+
+
+def m2po_step(
+    prox: Tensor, behave: Tensor | None, loss_mask: Tensor, m2_threshold: float | None
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Step 1, the mask: M2PO on the call's loss tokens (AReaL: before the loss function),
+    by (log π_behave - log π_prox)². Returns the statistics mask and M2PO's stats."""
+    if m2_threshold is None:
+        return loss_mask, {}
+    assert behave is not None
+    return m2po_mask(behave - prox, loss_mask, m2_threshold)
+
+
+@dataclass
+class Behaviour:
+    """Step 2's result: the weight the per-token loss is multiplied by (None: no weight),
+    the loss mask after rejection sampling, and the statistics."""
+
+    weight: Tensor | None
+    loss_mask: Tensor
+    stats: dict[str, Tensor]
+
+
+def behaviour_step(
+    prox: Tensor,
+    behave: Tensor | None,
+    mask: Tensor,
+    settings: ActorLossView,
+    cu_seqlens: Tensor | None,
+) -> Behaviour:
+    """Step 2, the behaviour weight of decoupled PPO, w_t = π_prox(t)/π_behave(t) (no grad;
+    `offpolicy.behave_imp_weight`), filtered or clamped by rejection sampling, which also
+    narrows the loss mask. Without the decoupled loss, w_t = 1 and the mask stays;
+    `decoupled_correction: none` reports w_t but does not apply it."""
+    if not settings.use_decoupled_loss:
+        return Behaviour(None, mask, {})
+    assert behave is not None
+    stats: dict[str, Tensor] = {}
+    loss_mask = mask
+    if settings.rejection_sampling is not None:
+        rs = apply_rejection_sampling(
+            prox, behave, mask, settings.rejection_sampling, cu_seqlens=cu_seqlens
+        )
+        loss_mask, weight = rs.loss_mask, rs.behave_imp_weight
+        stats["filtered_fraction"] = rs.filtered_fraction
+        stats["rs_filtered_fraction"] = rs.filtered_fraction
+    else:
+        weight = behave_imp_weight(prox, behave, mask)
+    behave_mask = (weight > 0) & loss_mask
+    stats["behave_imp_weight"] = weight.detach()
+    stats["behave_mask"] = behave_mask
+    stats["behave_approx_kl"] = torch.where(behave_mask, prox - behave, 0.0)
+    applied = None if settings.decoupled_correction == "none" else weight
+    return Behaviour(applied, loss_mask, stats)
+
+
+def policy_ratio(
+    logprobs: Tensor,
+    prox: Tensor,
+    advantages: Tensor,
+    stat_mask: Tensor,
+    loss_mask: Tensor,
+    settings: ActorLossView,
+    layout: SeqLayout,
+) -> tuple[Tensor, Tensor]:
+    """Step 3, the ratio ρ = π_θ/π_prox (0 off the mask, as AReaL) and the advantages the
+    surrogate sees: per token, or per sequence (GSPO: the geometric-mean ratio and the
+    mean advantage over the loss mask, broadcast to the tokens)."""
+    if settings.importance_sampling_level == "sequence":
+        log_ratio = torch.where(loss_mask, logprobs - prox, 0.0)
+        ratio, adv = sequence_ratio_and_advantages(log_ratio, advantages, loss_mask, layout)
+        return torch.where(loss_mask, ratio, 0.0), torch.where(loss_mask, adv, 0.0)
+    log_ratio = torch.where(stat_mask, logprobs - prox, 0.0)
+    return torch.where(stat_mask, torch.exp(log_ratio), 0.0), advantages
+
+
+def m2po_normalizer(
+    normalizer: float | Tensor | None,
+    orig_mask: Tensor,
+    stat_mask: Tensor,
+    m2_threshold: float | None,
+) -> float | Tensor | None:
+    """Step 4, the aggregation's denominator: the post-M2PO count. With a minibatch-wide
+    `normalizer` the sum is scaled by N_before/N_after M2PO (see `aggregation.py`)."""
+    n_stat = int(stat_mask.sum())
+    if m2_threshold is None or normalizer is None or n_stat == 0:
+        return normalizer
+    return float(normalizer) * n_stat / int(orig_mask.sum())
+
+
+def distillation_loss(
+    logprobs: Tensor,
+    old: Tensor,
+    teacher: Tensor,
+    stat_mask: Tensor,
+    per_token: Tensor,
+    loss_mask: Tensor,
+    settings: ActorLossView,
+    agg: Callable[[Tensor, Tensor], Tensor],
+) -> tuple[Tensor, Tensor]:
+    """Step 5, on-policy distillation against a teacher (AReaL 2.0 `grpo_loss_fn`), over
+    the M2PO mask → (loss, per-token `rkl_loss`). With `rl_loss_weight` > 0:
+
+        loss = rl_loss_weight · L_RL + distill_loss_weight · agg(log π_θ - log π_teacher)
+
+    With `rl_loss_weight` = 0 the RL term is dropped:
+
+        loss = -distill_loss_weight · agg(w · sg(log π_teacher - log π_θ)),  w = π_θ/π_old
+
+    (π_old: π_behave with the decoupled loss, else π_prox)."""
+    assert settings.distillation is not None
+    weights = settings.distillation
+    if weights.rl_loss_weight == 0:
+        w = torch.exp(torch.where(stat_mask, logprobs - old, 0.0))
+        term = w * torch.where(stat_mask, teacher - logprobs.detach(), 0.0)
+        loss = -weights.distill_loss_weight * agg(term, stat_mask)
+        return loss, torch.where(stat_mask, -term.detach(), 0.0)
+    penalty = torch.where(stat_mask, logprobs - teacher, 0.0)
+    loss = weights.rl_loss_weight * agg(per_token, loss_mask) + (
+        weights.distill_loss_weight * agg(penalty, stat_mask)
+    )
+    return loss, penalty.detach()
+
+
+def staleness_stats(versions: Tensor, current_version: int, mask: Tensor) -> dict[str, Tensor]:
+    """`staleness_avg|min|max`: current_version - version over the generated loss tokens."""
+    gen = mask & (versions >= 0)
+    staleness = (current_version - versions).to(torch.float32)
+    lo, hi = masked_min_max(staleness, gen)
+    return {"staleness_avg": masked_mean(staleness, gen), "staleness_min": lo, "staleness_max": hi}
 
 
 def token_counts(
@@ -308,58 +365,43 @@ def critic_loss(
     old_values: Tensor,
     returns: Tensor,
     loss_mask: Tensor,
+    settings: CriticLossView,
     *,
-    eps_clip: float | None = 0.5,
-    value_loss: str = "mse",
-    huber_delta: float = 10.0,
     cu_seqlens: Tensor | None = None,
-    loss_agg_mode: str = "token-mean",
     normalizer: float | Tensor | None = None,
-    loss_agg_norm: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped value loss (module docstring) → (scalar loss with grad, stats).
 
-    `eps_clip=None` disables value clipping. `returns` are the GAE critic targets. The
-    Huber δ defaults to AReaL's 10 (`ppo_critic_loss_fn`). Stats: AReaL's per-token
+    `settings` is the critic config's view (`CriticLossView.of(critic, actor)`), validated
+    at load. `returns` are the GAE critic targets. Stats: AReaL's per-token
     `clip_mask` and `loss`, plus `new_value`, `old_value`, `target_value` and `loss_mask`
     (reported through `stats.CRITIC_TOKEN_STATS`), and the scalars `value_loss`,
     `n_valid_tokens`.
     """
     layout = layout_of(loss_mask, cu_seqlens)
     check_same_shape(layout, values=values, old_values=old_values, returns=returns)
-    if value_loss not in ("mse", "huber"):
-        raise ValueError(f"value_loss must be 'mse' or 'huber', got {value_loss!r}")
-    if eps_clip is not None and not eps_clip > 0:
-        raise ValueError(f"critic eps_clip must be > 0 (or null), got {eps_clip!r}")
-    if value_loss == "huber" and not huber_delta > 0:
-        raise ValueError(f"huber_delta must be > 0, got {huber_delta!r}")
     mask = loss_mask.to(torch.bool)
     require_finite(mask, "loss tokens", values=values, old_values=old_values, returns=returns)
     target = returns.detach()
     old = old_values.detach()
 
     def f(v: Tensor) -> Tensor:
-        return (
-            0.5 * (v - target).square() if value_loss == "mse" else _huber(v, target, huber_delta)
-        )
+        if settings.value_loss == "mse":
+            return 0.5 * (v - target).square()
+        return _huber(v, target, settings.huber_delta)
 
     unclipped = f(values)
-    if eps_clip is not None:
-        v_clipped = old + (values - old).clamp(-eps_clip, eps_clip)
-        clipped = f(v_clipped)
-        per_token = torch.maximum(unclipped, clipped)
-        clip_mask = clipped.detach() > unclipped.detach()
-    else:
-        per_token = unclipped
-        clip_mask = torch.zeros_like(mask)
+    clipped = f(old + (values - old).clamp(-settings.eps_clip, settings.eps_clip))
+    per_token = torch.maximum(unclipped, clipped)
+    clip_mask = clipped.detach() > unclipped.detach()
     per_token = torch.where(mask, per_token, 0.0)
     loss = aggregate_loss(
         per_token,
         mask,
-        loss_agg_mode,
+        settings.loss_agg_mode,
         cu_seqlens=cu_seqlens,
         normalizer=normalizer,
-        constant=loss_agg_norm,
+        constant=settings.loss_agg_norm,
     )
     stats = {
         "value_loss": scalar(loss),
@@ -375,8 +417,15 @@ def critic_loss(
 
 
 __all__: list[Any] = [
+    "Behaviour",
+    "behaviour_step",
     "critic_loss",
+    "distillation_loss",
+    "m2po_normalizer",
+    "m2po_step",
+    "policy_ratio",
     "ppo_actor_loss",
     "sequence_ratio_and_advantages",
+    "staleness_stats",
     "token_counts",
 ]

@@ -122,6 +122,15 @@ class RejectionResult:
     filtered_fraction: Tensor  # 0-d
 
 
+def behave_imp_weight(proximal_logprobs: Tensor, behave_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """Decoupled PPO's behaviour weight, the one place it is computed:
+
+    w_t = π_prox(t) / π_behave(t) = exp(log π_prox(t) - log π_behave(t))  on `mask`, else 0
+    """
+    log_r = torch.where(mask, proximal_logprobs - behave_logprobs, 0.0)
+    return torch.where(mask, torch.exp(log_r), 0.0)
+
+
 def _in_bounds(metric: Tensor, spec: RejectionLike) -> Tensor:
     """`lower <= metric <= upper` (no lower bound when unset), for every metric."""
     ok = metric <= spec.upper
@@ -154,7 +163,7 @@ def apply_rejection_sampling(
     behave = behave_logprobs.detach().to(torch.float32)
     require_finite(mask, proximal_logprobs=prox, behave_logprobs=behave)
     log_r = torch.where(mask, prox - behave, 0.0)
-    weight = torch.exp(log_r)
+    weight = behave_imp_weight(prox, behave, mask)
 
     if spec.metric == "ratio":
         metric = weight

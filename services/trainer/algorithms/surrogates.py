@@ -41,8 +41,6 @@ def clip_surrogate(
     ratio: Tensor, advantages: Tensor, logprobs: Tensor, params: SurrogateParams
 ) -> SurrogateOutput:
     """PPO clipped surrogate with optional asymmetric upper bound and dual clip."""
-    if params.c_clip is not None and not params.c_clip > 1.0:
-        raise ValueError(f"c_clip must be > 1, got {params.c_clip}")
     a = advantages.detach()
     unclipped = -a * ratio
     clipped_ratio = ratio.clamp(1.0 - params.eps_low, 1.0 + params.eps_high)
@@ -63,11 +61,6 @@ def sapo_surrogate(
     ratio: Tensor, advantages: Tensor, logprobs: Tensor, params: SurrogateParams
 ) -> SurrogateOutput:
     """SAPO: sigmoid soft gates instead of the hard clip, temperatures by advantage sign."""
-    if not (params.sapo_tau_pos > 0 and params.sapo_tau_neg > 0):
-        raise ValueError(
-            f"sapo_tau_pos and sapo_tau_neg must be > 0, got {params.sapo_tau_pos}, "
-            f"{params.sapo_tau_neg}"
-        )
     a = advantages.detach()
     gate_pos = torch.sigmoid(params.sapo_tau_pos * (ratio - 1.0)) * (4.0 / params.sapo_tau_pos)
     gate_neg = torch.sigmoid(params.sapo_tau_neg * (ratio - 1.0)) * (4.0 / params.sapo_tau_neg)

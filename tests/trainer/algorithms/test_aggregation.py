@@ -8,7 +8,8 @@ from torch.testing import assert_close
 
 from services.core.plugins import RegistryError
 from services.trainer.algorithms.aggregation import aggregate_loss
-from services.trainer.algorithms.losses import ppo_actor_loss
+
+from ._views import ppo_loss_with
 
 LOSS = torch.tensor([[1.0, 2.0, 3.0, 0.0], [4.0, 0.0, 0.0, 0.0]])
 MASK = torch.tensor([[True, True, True, False], [True, False, False, False]])
@@ -55,7 +56,7 @@ def test_micro_batch_split_and_ranks_do_not_change_loss_or_gradient(
     kw = dict(loss_agg_mode=mode, loss_agg_norm=16.0, eps_clip=0.2)
 
     whole_lp = logp0.clone().requires_grad_(True)
-    whole, _ = ppo_actor_loss(whole_lp, prox, adv, mask, normalizer=norm, **kw)
+    whole, _ = ppo_loss_with(whole_lp, prox, adv, mask, normalizer=norm, **kw)
     whole.backward()
 
     parts_lp = logp0.clone().requires_grad_(True)
@@ -63,7 +64,7 @@ def test_micro_batch_split_and_ranks_do_not_change_loss_or_gradient(
     start = 0
     for n in splits:
         rows = slice(start, start + n)
-        part, _ = ppo_actor_loss(
+        part, _ = ppo_loss_with(
             parts_lp[rows], prox[rows], adv[rows], mask[rows], normalizer=norm, **kw
         )
         part.backward()  # gradient accumulation, as in the trainer

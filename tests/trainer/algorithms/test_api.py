@@ -11,6 +11,7 @@ from torch.testing import assert_close
 
 import services.trainer.algorithms as algorithms
 from services.common.config import PPOActorConfig, TeacherConfig
+from services.common.config.views import ActorLossView, AdvantageView
 from services.trainer.algorithms import (
     ACTOR_TOKEN_STATS,
     actor_loss,
@@ -20,13 +21,14 @@ from services.trainer.algorithms import (
     gae_lambda_context,
     interpolation_alpha,
     kl_logprobs,
-    ppo_actor_loss,
     summarize_token_stats,
 )
 
+from ._views import ppo_loss_with
 
-def _actor(**kw) -> PPOActorConfig:
-    return PPOActorConfig(kl_ctl=0.0, **kw)
+
+def _actor(**kw) -> ActorLossView:
+    return ActorLossView.of(PPOActorConfig(kl_ctl=0.0, **kw))
 
 
 def test_every_entry_point_is_exported_with_a_docstring() -> None:
@@ -108,8 +110,9 @@ def test_batch_advantages_uses_the_kl_policy_rule() -> None:
     kw = dict(prox_logprobs=torch.full((1, 3), -2.0), ref_logprobs=torch.full((1, 3), -1.5))
     plain = PPOActorConfig(kl_ctl=1.0, recompute_logprob=True, adv_norm=None)
     decoupled = PPOActorConfig(kl_ctl=1.0, use_decoupled_loss=True, adv_norm=None)
-    assert_close(batch_advantages(plain, batch, **kw).stats["kl_rewards"], torch.tensor(0.5))
-    assert_close(batch_advantages(decoupled, batch, **kw).stats["kl_rewards"], torch.tensor(-0.5))
+    for actor, kl_reward in ((plain, 0.5), (decoupled, -0.5)):
+        res = batch_advantages(AdvantageView.of(actor), batch, **kw)
+        assert_close(res.stats["kl_rewards"], torch.tensor(kl_reward))
 
 
 def _tokens(gen: torch.Generator) -> dict[str, torch.Tensor]:
@@ -136,7 +139,7 @@ def test_actor_loss_takes_the_proximal_method_as_an_argument(gen: torch.Generato
         behave_logprobs=t["behave_logprobs"],
         prox_logp_method="rollout",
     )
-    plain, _ = ppo_actor_loss(t["logprobs"], t["behave_logprobs"], t["advantages"], t["loss_mask"])
+    plain, _ = ppo_loss_with(t["logprobs"], t["behave_logprobs"], t["advantages"], t["loss_mask"])
     assert_close(loss, plain, rtol=1e-6, atol=1e-7)
     rep = summarize_token_stats(stats, ACTOR_TOKEN_STATS)
     assert_close(rep["behave_imp_weight/avg"], torch.tensor(1.0), rtol=0, atol=1e-6)
@@ -159,7 +162,7 @@ def test_actor_loss_takes_the_proximal_method_as_an_argument(gen: torch.Generato
         current_version=2,
         loss_mask=t["loss_mask"],
     )
-    by_hand, _ = ppo_actor_loss(
+    by_hand, _ = ppo_loss_with(
         t["logprobs"],
         prox.prox_logprobs,
         t["advantages"],
@@ -186,15 +189,14 @@ def test_actor_loss_reads_the_teacher_weights(gen: torch.Generator) -> None:
     teacher_logp = t["logprobs"] - 0.1
     teacher = TeacherConfig(path="unused", rl_loss_weight=1.0, distill_loss_weight=0.5)
     loss, stats = actor_loss(
-        _actor(),
+        ActorLossView.of(PPOActorConfig(), teacher),
         t["logprobs"],
         t["advantages"],
         t["loss_mask"],
         behave_logprobs=t["behave_logprobs"],
-        teacher=teacher,
         teacher_logprobs=teacher_logp,
     )
-    rl, _ = ppo_actor_loss(t["logprobs"], t["behave_logprobs"], t["advantages"], t["loss_mask"])
+    rl, _ = ppo_loss_with(t["logprobs"], t["behave_logprobs"], t["advantages"], t["loss_mask"])
     # log π_θ - log π_T = 0.1 on every token: loss = L_RL + 0.5 * 0.1
     assert_close(loss, rl + 0.05, rtol=0, atol=1e-6)
     with pytest.raises(ValueError, match="needs the teacher config"):

@@ -11,9 +11,10 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from services.trainer.algorithms.advantages import compute_advantages
-from services.trainer.algorithms.config_adapters import advantage_kwargs
+from services.common.config.views import AdvantageView
 from services.trainer.algorithms.kl import KL_CLAMP, kl_reward_estimate
+
+from ._views import advantages_with
 
 
 def test_estimates_are_clamped_to_ten_by_default() -> None:
@@ -66,15 +67,15 @@ def test_kl_reward_is_clamped_before_kl_ctl_in_the_pipeline() -> None:
         ref_logprobs=torch.tensor([[-13.0, -1.5]]),
         kl_ctl=0.1,
     )
-    res = compute_advantages(**kwargs)  # type: ignore[arg-type]
+    res = advantages_with(**kwargs)
     assert_close(res.kl_rewards, torch.tensor([[-1.0, 0.05]]), rtol=0, atol=1e-6)
     assert_close(res.advantages, torch.tensor([[0.05, 1.05]]), rtol=0, atol=1e-6)
-    raw = compute_advantages(**kwargs, kl_clamp=None)  # type: ignore[arg-type]
+    raw = advantages_with(**kwargs, kl_clamp=None)
     assert_close(raw.advantages, torch.tensor([[-0.15, 1.05]]), rtol=0, atol=1e-6)
 
 
 def test_config_default_is_arealclamp_and_null_turns_it_off() -> None:
     from services.common.config.actor import PPOActorConfig
 
-    assert advantage_kwargs(PPOActorConfig())["kl_clamp"] == 10.0
-    assert advantage_kwargs(PPOActorConfig(kl_clamp=None))["kl_clamp"] is None
+    assert AdvantageView.of(PPOActorConfig()).kl_clamp == 10.0
+    assert AdvantageView.of(PPOActorConfig(kl_clamp=None)).kl_clamp is None

@@ -11,7 +11,6 @@ from torch.testing import assert_close
 
 from services.core.plugins import RegistryError
 from services.trainer.algorithms.layout import padded_to_packed
-from services.trainer.algorithms.losses import critic_loss, ppo_actor_loss
 from services.trainer.algorithms.offpolicy import RejectionSpec
 from services.trainer.algorithms.stats import (
     ACTOR_TOKEN_STATS,
@@ -19,8 +18,10 @@ from services.trainer.algorithms.stats import (
     check_stat_names,
     summarize_token_stats,
 )
+from services.trainer.algorithms.surrogates import SURROGATES
 
 from . import _reference as ref
+from ._views import critic_loss_with, loss_view, ppo_loss_with
 
 
 def _avg(stats: dict[str, torch.Tensor], name: str, critic: bool = False) -> torch.Tensor:
@@ -48,7 +49,7 @@ def test_clip_surrogate_hand_computed() -> None:
     # ratio, A: (1.5, +1) clip binds -> -1.2 ; (1.5, -1) -> +1.5 ; (0.5, +1) -> -0.5 ;
     # (0.5, -1) clip binds -> +0.8. token-mean = (-1.2 + 1.5 - 0.5 + 0.8)/4 = 0.15
     logp, prox, adv, mask = _one_row([1.5, 1.5, 0.5, 0.5], [1.0, -1.0, 1.0, -1.0])
-    loss, stats = ppo_actor_loss(logp, prox, adv, mask, eps_clip=0.2)
+    loss, stats = ppo_loss_with(logp, prox, adv, mask, eps_clip=0.2)
     assert_close(loss, torch.tensor(0.15), rtol=0, atol=1e-6)
     assert_close(_avg(stats, "clip_ratio"), torch.tensor(0.5), rtol=0, atol=0)
     assert_close(_avg(stats, "importance_weight"), torch.tensor(1.0), rtol=0, atol=1e-6)
@@ -62,20 +63,20 @@ def test_clip_surrogate_hand_computed() -> None:
 def test_clip_higher_and_dual_clip_hand_computed() -> None:
     # clip-higher ε_high=0.28: ratio 1.25, A=+1 stays unclipped -> -1.25 (symmetric 0.2: -1.2)
     logp, prox, adv, mask = _one_row([1.25], [1.0])
-    sym, _ = ppo_actor_loss(logp, prox, adv, mask, eps_clip=0.2)
-    high, _ = ppo_actor_loss(logp, prox, adv, mask, eps_clip=0.2, eps_clip_higher=0.28)
+    sym, _ = ppo_loss_with(logp, prox, adv, mask, eps_clip=0.2)
+    high, _ = ppo_loss_with(logp, prox, adv, mask, eps_clip=0.2, eps_clip_higher=0.28)
     assert_close(sym, torch.tensor(-1.2), rtol=0, atol=1e-6)
     assert_close(high, torch.tensor(-1.25), rtol=0, atol=1e-6)
     # dual clip c=3: ratio 4, A=-1: max(4, 1.2) = 4 -> min(4, 3) = 3, and no gradient.
     # For A=+1 it never binds: ratio 4 -> max(-4, -1.2) = -1.2.
     logp, prox, adv, mask = _one_row([4.0, 4.0], [-1.0, 1.0])
-    loss, stats = ppo_actor_loss(logp, prox, adv, mask, eps_clip=0.2, c_clip=3.0)
+    loss, stats = ppo_loss_with(logp, prox, adv, mask, eps_clip=0.2, c_clip=3.0)
     assert_close(loss, torch.tensor((3.0 - 1.2) / 2), rtol=0, atol=1e-6)
     assert_close(_avg(stats, "dual_clip_ratio"), torch.tensor(0.5), rtol=0, atol=0)
     loss.backward()
     assert_close(logp.grad, torch.zeros(1, 2), rtol=0, atol=0)
-    with pytest.raises(ValueError, match="c_clip must be > 1"):
-        ppo_actor_loss(logp, prox, adv, mask, c_clip=0.9)
+    with pytest.raises(ValueError, match="dual-clip bound must be > 1"):
+        ppo_loss_with(logp, prox, adv, mask, c_clip=0.9)
 
 
 def test_ratio_one_gives_minus_token_mean_advantage(gen: torch.Generator) -> None:
@@ -84,7 +85,7 @@ def test_ratio_one_gives_minus_token_mean_advantage(gen: torch.Generator) -> Non
     mask = torch.rand(5, 7, generator=gen) < 0.6
     for surrogate in ("clip", "sapo", "cispo"):
         lp = logp.clone().requires_grad_(True)
-        loss, stats = ppo_actor_loss(lp, logp, adv, mask, surrogate=surrogate, eps_clip_higher=0.28)
+        loss, stats = ppo_loss_with(lp, logp, adv, mask, surrogate=surrogate, eps_clip_higher=0.28)
         expected = -(adv * mask).sum() / mask.sum()
         if surrogate == "sapo":
             # SAPO at ρ=1 is (4/τ)σ(0) = 2/τ times the advantage: τ_pos=1 -> 2, τ_neg=1.05
@@ -105,7 +106,7 @@ def test_sapo_gradient_at_ratio_one_equals_policy_gradient(
     adv = torch.randn(3, 6, generator=gen)
     mask = torch.rand(3, 6, generator=gen) < 0.8
     sapo_lp = logp0.clone().requires_grad_(True)
-    loss, _ = ppo_actor_loss(
+    loss, _ = ppo_loss_with(
         sapo_lp, logp0, adv, mask, surrogate="sapo", sapo_tau_pos=tau_pos, sapo_tau_neg=tau_neg
     )
     loss.backward()
@@ -143,7 +144,7 @@ def test_autograd_gradient_matches_formula(surrogate: str, gen: torch.Generator)
     mask = torch.rand(4, 8, generator=gen) < 0.7
     kw = dict(eps_clip=0.2, eps_clip_higher=0.28, sapo_tau_pos=1.0, sapo_tau_neg=1.05)
     logp = logp0.clone().requires_grad_(True)
-    loss, _ = ppo_actor_loss(logp, prox, adv, mask, surrogate=surrogate, **kw)
+    loss, _ = ppo_loss_with(logp, prox, adv, mask, surrogate=surrogate, **kw)
     loss.backward()
     expected = _analytic_grad(surrogate, torch.exp(logp0 - prox), adv, mask, **kw)
     assert_close(logp.grad, expected, rtol=1e-5, atol=1e-7)
@@ -161,7 +162,7 @@ def test_gradcheck_in_double(surrogate: str, level: str, gen: torch.Generator) -
     mask = torch.rand(3, 5, generator=gen) < 0.8
 
     def f(lp: torch.Tensor) -> torch.Tensor:
-        return ppo_actor_loss(
+        return ppo_loss_with(
             lp, prox, adv, mask, surrogate=surrogate, importance_sampling_level=level
         )[0]
 
@@ -173,7 +174,7 @@ def test_gspo_sequence_ratio_hand_computed() -> None:
     logp = torch.log(torch.tensor([[1.1, 0.9, 5.0]])).requires_grad_(True)
     adv = torch.tensor([[1.0, 3.0, 100.0]])
     mask = torch.tensor([[True, True, False]])
-    loss, stats = ppo_actor_loss(
+    loss, stats = ppo_loss_with(
         logp, prox, adv, mask, importance_sampling_level="sequence", eps_clip=0.2
     )
     # ρ_seq = exp((ln 1.1 + ln 0.9)/2) = sqrt(0.99) = 0.9949874 ; A_seq = (1 + 3)/2 = 2
@@ -184,10 +185,9 @@ def test_gspo_sequence_ratio_hand_computed() -> None:
     loss.backward()
     g = -math.sqrt(0.99)
     assert_close(logp.grad, torch.tensor([[g, g, 0.0]]), rtol=0, atol=1e-6)
-    with pytest.raises(ValueError, match="token-level only"):
-        ppo_actor_loss(
-            logp, prox, adv, mask, surrogate="cispo", importance_sampling_level="sequence"
-        )
+    # the schema refuses CISPO with sequence-level ratios, at load
+    with pytest.raises(ValueError, match="CISPO is defined per token only"):
+        loss_view(surrogate="cispo", eps_clip_higher=0.28, importance_sampling_level="sequence")
 
 
 def test_decoupled_loss_multiplies_by_behaviour_weight() -> None:
@@ -197,14 +197,14 @@ def test_decoupled_loss_multiplies_by_behaviour_weight() -> None:
     logp = prox.clone().requires_grad_(True)
     adv = torch.tensor([[1.0, 1.0]])
     mask = torch.ones(1, 2, dtype=torch.bool)
-    loss, stats = ppo_actor_loss(
+    loss, stats = ppo_loss_with(
         logp, prox, adv, mask, behave_logprobs=behave, use_decoupled_loss=True
     )
     # tokens: -1*2 and -1*1 -> mean -1.5
     assert_close(loss, torch.tensor(-1.5), rtol=0, atol=1e-6)
     assert_close(_avg(stats, "behave_imp_weight"), torch.tensor(1.5), rtol=0, atol=1e-6)
     assert_close(_avg(stats, "behave_approx_kl"), torch.tensor(math.log(2) / 2), rtol=0, atol=1e-6)
-    none, _ = ppo_actor_loss(
+    none, _ = ppo_loss_with(
         logp,
         prox,
         adv,
@@ -215,15 +215,17 @@ def test_decoupled_loss_multiplies_by_behaviour_weight() -> None:
     )
     assert_close(none, torch.tensor(-1.0), rtol=0, atol=1e-6)
     with pytest.raises(ValueError, match="needs behave_logprobs"):
-        ppo_actor_loss(logp, prox, adv, mask, use_decoupled_loss=True)
-    with pytest.raises(ValueError, match="needs use_decoupled_loss=True"):
-        ppo_actor_loss(logp, prox, adv, mask, rejection_sampling=RejectionSpec())
+        ppo_loss_with(logp, prox, adv, mask, use_decoupled_loss=True)
+    with pytest.raises(ValueError, match="exists only with the decoupled loss"):
+        ppo_loss_with(logp, prox, adv, mask, rejection_sampling=RejectionSpec())
 
 
 def test_unknown_surrogate_lists_valid_ones() -> None:
     logp, prox, adv, mask = _one_row([1.0], [1.0])
     with pytest.raises(RegistryError, match="valid: cispo, clip, sapo"):
-        ppo_actor_loss(logp, prox, adv, mask, surrogate="trpo")
+        SURROGATES.get("trpo")
+    with pytest.raises(ValueError, match="must be one of clip, sapo, cispo"):
+        ppo_loss_with(logp, prox, adv, mask, surrogate="trpo")
 
 
 def test_clip_matches_plain_loop(gen: torch.Generator) -> None:
@@ -231,7 +233,7 @@ def test_clip_matches_plain_loop(gen: torch.Generator) -> None:
     logp = prox + 0.5 * torch.randn(6, 10, generator=gen)
     adv = torch.randn(6, 10, generator=gen)
     mask = torch.rand(6, 10, generator=gen) < 0.7
-    loss, _ = ppo_actor_loss(logp, prox, adv, mask, eps_clip=0.2, eps_clip_higher=0.3, c_clip=2.5)
+    loss, _ = ppo_loss_with(logp, prox, adv, mask, eps_clip=0.2, eps_clip_higher=0.3, c_clip=2.5)
     total, n = 0.0, 0
     for i in range(6):
         for t in range(10):
@@ -292,14 +294,14 @@ def test_packed_layout_equals_padded(options: dict, gen: torch.Generator) -> Non
     valid, lengths = data.pop("valid"), data.pop("lengths")
     per_token = {k: v for k, v in data.items()}
     lp_pad = per_token.pop("logprobs").clone().requires_grad_(True)
-    loss_pad, st_pad = ppo_actor_loss(
+    loss_pad, st_pad = ppo_loss_with(
         lp_pad, current_version=4, attention_mask=valid, **per_token, **options
     )
     loss_pad.backward()
     packed = {k: padded_to_packed(v, lengths)[0] for k, v in per_token.items()}
     cu = padded_to_packed(per_token["loss_mask"], lengths)[1]
     lp_pack = padded_to_packed(lp_pad.detach(), lengths)[0].requires_grad_(True)
-    loss_pack, st_pack = ppo_actor_loss(
+    loss_pack, st_pack = ppo_loss_with(
         lp_pack, cu_seqlens=cu, current_version=4, **packed, **options
     )
     loss_pack.backward()
@@ -329,8 +331,8 @@ def test_masked_positions_never_leak(options: dict, gen: torch.Generator) -> Non
             dirty[k] = torch.where(mask, v, junk)
     lp_c = clean.pop("logprobs").clone().requires_grad_(True)
     lp_d = dirty.pop("logprobs").clone().requires_grad_(True)
-    loss_c, st_c = ppo_actor_loss(lp_c, **clean, **options)
-    loss_d, st_d = ppo_actor_loss(lp_d, **dirty, **options)
+    loss_c, st_c = ppo_loss_with(lp_c, **clean, **options)
+    loss_d, st_d = ppo_loss_with(lp_d, **dirty, **options)
     loss_c.backward()
     loss_d.backward()
     assert torch.isfinite(loss_d)
@@ -348,14 +350,14 @@ def test_non_finite_inputs_on_loss_tokens_raise() -> None:
     logp, prox, adv, mask = _one_row([1.0, 1.0], [1.0, 1.0])
     adv[0, 1] = float("nan")
     with pytest.raises(ValueError, match="advantages has 1 NaN/Inf"):
-        ppo_actor_loss(logp, prox, adv, mask)
+        ppo_loss_with(logp, prox, adv, mask)
 
 
 def test_staleness_and_entropy_stats() -> None:
     logp, prox, adv, mask = _one_row([1.0, 1.0, 1.0], [1.0, 1.0, 1.0])
     versions = torch.tensor([[3, 5, 6]])
     entropy = torch.tensor([[0.5, 1.0, 1.5]])
-    _, stats = ppo_actor_loss(
+    _, stats = ppo_loss_with(
         logp, prox, adv, mask, versions=versions, current_version=6, entropy=entropy
     )
     # staleness = 6 - v: [3, 1, 0] -> avg 4/3, min 0, max 3 ; entropy mean 1.0
@@ -369,7 +371,7 @@ def test_critic_loss_value_clipping_hand_computed() -> None:
     old = torch.tensor([[0.0, 2.0, 0.0]])
     returns = torch.tensor([[0.0, 3.0, 9.0]])
     mask = torch.tensor([[True, True, False]])
-    loss, stats = critic_loss(values, old, returns, mask, eps_clip=0.5)
+    loss, stats = critic_loss_with(values, old, returns, mask, eps_clip=0.5)
     # t0: unclipped ½(1-0)² = 0.5; clipped V = 0 + clip(1, ±0.5) = 0.5 -> ½(0.5)² = 0.125;
     #     max = 0.5 (unclipped wins, clip does not bind)
     # t1: V = old = 2, both ½(2-3)² = 0.5
@@ -385,7 +387,7 @@ def test_critic_loss_value_clipping_hand_computed() -> None:
     # V=0.2, old=1, G=1: unclipped ½*0.64 = 0.32; clipped V=0.5 -> 0.125 -> 0.32
     # Target between: V=3, old=0, G=2: unclipped 0.5, clipped V=0.5 -> ½*2.25 = 1.125 binds
     v = torch.tensor([[3.0]], requires_grad=True)
-    loss, stats = critic_loss(
+    loss, stats = critic_loss_with(
         v, torch.zeros(1, 1), torch.tensor([[2.0]]), torch.ones(1, 1, dtype=torch.bool)
     )
     assert_close(loss, torch.tensor(1.125), rtol=0, atol=1e-6)
@@ -399,20 +401,20 @@ def test_critic_huber_hand_computed() -> None:
     values = torch.tensor([[0.5, 4.0]], requires_grad=True)
     ret = torch.zeros(1, 2)
     mask = torch.ones(1, 2, dtype=torch.bool)
-    loss, _ = critic_loss(
-        values, values.detach(), ret, mask, eps_clip=None, value_loss="huber", huber_delta=1.0
+    loss, _ = critic_loss_with(
+        values, values.detach(), ret, mask, value_loss="huber", huber_delta=1.0
     )
     # |d|=0.5 < 1: ½*0.25 = 0.125 ; |d|=4: 1*(4 - 0.5) = 3.5 ; mean = 1.8125
     assert_close(loss, torch.tensor(1.8125), rtol=0, atol=1e-6)
-    with pytest.raises(ValueError, match="value_loss must be"):
-        critic_loss(values, values, ret, mask, value_loss="l1")
+    with pytest.raises(ValueError, match="value_loss"):
+        critic_loss_with(values, values, ret, mask, value_loss="l1")
 
 
 def test_sapo_and_cispo_hand_computed() -> None:
     # SAPO, ρ = 1.5, A = +1, τ_pos = 1: gate = (4/1) σ(0.5) = 4 * 0.6224593 = 2.4898373
     # ρ = 0.5, A = -1, τ_neg = 2: gate = (4/2) σ(-1) = 2 * 0.2689414 = 0.5378828 -> loss +0.5378828
     logp, prox, adv, mask = _one_row([1.5, 0.5], [1.0, -1.0])
-    loss, stats = ppo_actor_loss(
+    loss, stats = ppo_loss_with(
         logp, prox, adv, mask, surrogate="sapo", sapo_tau_pos=1.0, sapo_tau_neg=2.0
     )
     assert_close(loss, torch.tensor((-2.4898373 + 0.5378828) / 2), rtol=0, atol=1e-6)
@@ -422,7 +424,7 @@ def test_sapo_and_cispo_hand_computed() -> None:
     # CISPO, ρ = 2, A = +1, ε_low = 1 (no lower bound), ε_high = 0.28: weight 1.28 (clipped);
     # log π_θ = -1 + ln 2 = -0.3068528 -> loss = -1.28 * 1 * -0.3068528 = 0.3927716
     logp, prox, adv, mask = _one_row([2.0], [1.0])
-    loss, stats = ppo_actor_loss(
+    loss, stats = ppo_loss_with(
         logp, prox, adv, mask, surrogate="cispo", eps_clip=1.0, eps_clip_higher=0.28
     )
     assert_close(loss, torch.tensor(0.3927716), rtol=0, atol=1e-6)
@@ -438,9 +440,9 @@ def test_critic_packed_equals_padded(gen: torch.Generator) -> None:
     v = torch.randn(3, 4, generator=gen)
     old = v + 0.8 * torch.randn(3, 4, generator=gen)
     ret = torch.randn(3, 4, generator=gen)
-    pad, _ = critic_loss(v, old, ret, valid, loss_agg_mode="seq-mean-token-mean")
+    pad, _ = critic_loss_with(v, old, ret, valid, loss_agg_mode="seq-mean-token-mean")
     cu = padded_to_packed(valid, lengths)[1]
-    packed, _ = critic_loss(
+    packed, _ = critic_loss_with(
         v[valid],
         old[valid],
         ret[valid],
@@ -479,7 +481,7 @@ def test_rejection_sampling_statistics_follow_areal_2() -> None:
     # clip_ratio 1/3 (token 0; token 1 is rejected but still counted, ratio 0.5 unclipped
     # for A > 0); behave_* over behave_mask = weight > 0 & kept = tokens 0, 2: weight 1,
     # approx KL 0; behave_filtered_ratio 1/3; filtered_fraction 1/3.
-    loss, stats = ppo_actor_loss(
+    loss, stats = ppo_loss_with(
         **_rs_row([1.5, 0.5, 1.0], [1.0, 4.0, 1.0]), use_decoupled_loss=True, rejection_sampling=ICE
     )
     assert_close(loss, torch.tensor(-2.2 / 3), rtol=0, atol=1e-6)
@@ -504,7 +506,7 @@ def test_gspo_with_rejection_sampling_reports_zero_ratio_on_rejected_tokens() ->
     # count. Kept tokens 0, 2: ρ_seq = exp((ln 1.5 + ln 1)/2) = sqrt(1.5) = 1.2247449,
     # importance_weight/avg = 2 * 1.2247449 / 3 = 0.8164966. A_seq = 1; clipped to 1.2 on
     # both kept tokens: loss (-1.2 - 1.2)/3 = -0.8, clip_ratio 2/3.
-    loss, stats = ppo_actor_loss(
+    loss, stats = ppo_loss_with(
         **_rs_row([1.5, 0.5, 1.0], [1.0, 4.0, 1.0]),
         use_decoupled_loss=True,
         rejection_sampling=ICE,
@@ -526,7 +528,7 @@ def test_cispo_clip_mask_is_over_the_post_rejection_mask() -> None:
     # Loss -sg(clip ρ) A log π_θ over kept tokens / 3: log π_θ = -1 + ln 1.5, -1 + ln 1:
     # -(1.2 (-1 + ln 1.5) + 1.0 (-1)) / 3
     data = _rs_row([1.5, 2.0, 1.0], [1.0, 4.0, 1.0])
-    loss, stats = ppo_actor_loss(
+    loss, stats = ppo_loss_with(
         **data,
         surrogate="cispo",
         eps_clip=1.0,
@@ -539,7 +541,7 @@ def test_cispo_clip_mask_is_over_the_post_rejection_mask() -> None:
     rep = summarize_token_stats(stats, ACTOR_TOKEN_STATS)
     assert_close(rep["clip_ratio/avg"], torch.tensor(1 / 3), rtol=0, atol=1e-6)
     # the PPO clip on the same data counts the rejected token's clip too: 2/3
-    _, clip_stats = ppo_actor_loss(**data, use_decoupled_loss=True, rejection_sampling=ICE)
+    _, clip_stats = ppo_loss_with(**data, use_decoupled_loss=True, rejection_sampling=ICE)
     rep = summarize_token_stats(clip_stats, ACTOR_TOKEN_STATS)
     assert_close(rep["clip_ratio/avg"], torch.tensor(2 / 3), rtol=0, atol=1e-6)
 
@@ -549,7 +551,7 @@ def test_sapo_reports_areals_three_gates() -> None:
     # gates. ρ = 1.5, A = -1, τ_pos = 1, τ_neg = 2: pos = 4 σ(0.5) = 2.4898373,
     # neg = 2 σ(1.0) = 1.4621172, soft = neg.
     logp, prox, adv, mask = _one_row([1.5], [-1.0])
-    _, stats = ppo_actor_loss(
+    _, stats = ppo_loss_with(
         logp, prox, adv, mask, surrogate="sapo", sapo_tau_pos=1.0, sapo_tau_neg=2.0
     )
     rep = summarize_token_stats(stats, ACTOR_TOKEN_STATS)
@@ -571,7 +573,7 @@ def test_teacher_term_with_the_rl_loss_hand_computed() -> None:
     logp = prox.clone().requires_grad_(True)
     adv, mask = torch.ones(1, 2), torch.ones(1, 2, dtype=torch.bool)
     teacher = torch.tensor([[-1.5, -1.0]])
-    loss, stats = ppo_actor_loss(
+    loss, stats = ppo_loss_with(
         logp, prox, adv, mask, teacher_logprobs=teacher, rl_loss_weight=1.0, distill_loss_weight=0.5
     )
     assert_close(loss, torch.tensor(-1.125), rtol=0, atol=1e-6)
@@ -595,11 +597,11 @@ def test_teacher_term_alone_is_the_importance_weighted_reverse_kl(decoupled: boo
     kw: dict = {"teacher_logprobs": torch.tensor([[-1.5, -1.5]]), "rl_loss_weight": 0.0}
     kw["distill_loss_weight"] = 0.5
     if decoupled:  # π_prox is something else; the weight uses π_behave
-        loss, stats = ppo_actor_loss(
+        loss, stats = ppo_loss_with(
             logp, logp.detach() - 0.3, adv, mask, behave_logprobs=old, use_decoupled_loss=True, **kw
         )
     else:
-        loss, stats = ppo_actor_loss(logp, old, adv, mask, **kw)
+        loss, stats = ppo_loss_with(logp, old, adv, mask, **kw)
     assert_close(loss, torch.tensor(0.375), rtol=0, atol=1e-6)
     loss.backward()
     assert_close(logp.grad, torch.tensor([[0.25, 0.125]]), rtol=0, atol=1e-6)
@@ -612,8 +614,8 @@ def test_critic_huber_delta_defaults_to_areals_ten() -> None:
     # |d| = 12 -> 10 (12 - 5) = 70 (with δ = 1 it would be 11.5); mean 35.0625.
     values = torch.tensor([[0.5, 12.0]], requires_grad=True)
     mask = torch.ones(1, 2, dtype=torch.bool)
-    loss, stats = critic_loss(
-        values, values.detach(), torch.zeros(1, 2), mask, eps_clip=None, value_loss="huber"
+    loss, stats = critic_loss_with(
+        values, values.detach(), torch.zeros(1, 2), mask, value_loss="huber"
     )
     assert_close(loss, torch.tensor(35.0625), rtol=0, atol=1e-5)
     # per-token statistics, AReaL's names (areal/trainer/ppo/critic.py `ppo_loss_fn`)
@@ -678,7 +680,7 @@ def test_loss_and_statistics_equal_an_areal_loop(m2: float | None, gen: torch.Ge
         logp = prox + 0.3 * torch.randn(1, 24, generator=gen, dtype=torch.float64)
         adv = torch.randn(1, 24, generator=gen, dtype=torch.float64)
         spec = RejectionSpec(lower=0.8, upper=1.25)
-        loss, stats = ppo_actor_loss(
+        loss, stats = ppo_loss_with(
             logp,
             prox,
             adv,
@@ -718,7 +720,7 @@ def _count_case(**kwargs: object) -> dict[str, torch.Tensor]:
     prox = torch.full((7,), -1.0)
     behave = prox - torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 2.0])
     logp = prox.clone().requires_grad_(True)
-    _, stats = ppo_actor_loss(
+    _, stats = ppo_loss_with(
         logp,
         prox,
         torch.ones(7),
@@ -766,16 +768,16 @@ def test_token_counts_of_a_padded_batch_need_its_attention_mask() -> None:
     attention = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]], dtype=torch.bool)
     prox = torch.full((2, 4), -1.0)
     args = (prox.clone().requires_grad_(True), prox, torch.ones(2, 4), mask)
-    _, with_attention = ppo_actor_loss(*args, attention_mask=attention)
+    _, with_attention = ppo_loss_with(*args, attention_mask=attention)
     assert _counts(with_attention) == pytest.approx([7.0, 4.0, 3.0, 3 / 7], abs=1e-7)
-    _, positions = ppo_actor_loss(*args)
+    _, positions = ppo_loss_with(*args)
     assert _counts(positions) == pytest.approx([8.0, 4.0, 4.0, 0.5], abs=1e-7)
     short = attention.clone()
     short[0, 3] = False  # a loss token outside the attention mask
     with pytest.raises(ValueError, match="attention_mask is 0"):
-        ppo_actor_loss(*args, attention_mask=short)
+        ppo_loss_with(*args, attention_mask=short)
     # nothing to count: 1 - 0 / max(0, 1) = 1, no division by zero
     empty = torch.zeros(1, 0, dtype=torch.bool)
     z = torch.zeros(1, 0)
-    _, none = ppo_actor_loss(z.clone().requires_grad_(True), z, z, empty)
+    _, none = ppo_loss_with(z.clone().requires_grad_(True), z, z, empty)
     assert _counts(none) == [0.0, 0.0, 0.0, 1.0]

@@ -9,7 +9,6 @@ import torch
 from torch.testing import assert_close
 
 from services.trainer.algorithms.kl import bernoulli_kl, binary_kl_symmetric
-from services.trainer.algorithms.losses import ppo_actor_loss
 from services.trainer.algorithms.offpolicy import (
     ICEPOP,
     KPOP,
@@ -18,6 +17,8 @@ from services.trainer.algorithms.offpolicy import (
     check_rejection_spec,
     m2po_mask,
 )
+
+from ._views import ppo_loss_with
 
 
 def _logs(weights: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,7 +109,7 @@ def test_kpop_runs_end_to_end_in_the_actor_loss() -> None:
     adv = torch.tensor([[1.0, 1.0]])
     mask = torch.ones(1, 2, dtype=torch.bool)
     kpop = RejectionSpec(metric="binary_kl", upper=0.14)
-    loss, stats = ppo_actor_loss(
+    loss, stats = ppo_loss_with(
         logp,
         prox,
         adv,
@@ -174,7 +175,7 @@ def test_m2po_in_the_actor_loss_uses_prox_versus_behave() -> None:
     logp = prox.clone().requires_grad_(True)
     adv = torch.ones(1, 4)
     mask = torch.ones(1, 4, dtype=torch.bool)
-    loss, stats = ppo_actor_loss(logp, prox, adv, mask, behave_logprobs=behave, m2_threshold=0.05)
+    loss, stats = ppo_loss_with(logp, prox, adv, mask, behave_logprobs=behave, m2_threshold=0.05)
     # token 2 is masked; AReaL (`grpo_loss_fn` masks before `ppo_actor_loss_fn`, which divides
     # by the count of the mask it receives): three tokens of loss -1 over 3 kept: -1
     assert_close(loss, torch.tensor(-1.0), rtol=0, atol=1e-6)
@@ -182,7 +183,7 @@ def test_m2po_in_the_actor_loss_uses_prox_versus_behave() -> None:
     loss.backward()
     assert logp.grad is not None and logp.grad[0, 2] == 0.0
     with pytest.raises(ValueError, match="M2PO. needs behave_logprobs"):
-        ppo_actor_loss(logp, prox, adv, mask, m2_threshold=0.05)
+        ppo_loss_with(logp, prox, adv, mask, m2_threshold=0.05)
 
 
 def test_m2po_keeps_the_single_smallest_token_when_no_cut_qualifies() -> None:
@@ -210,7 +211,7 @@ def test_m2po_denominator_with_a_minibatch_normalizer() -> None:
     behave = -torch.tensor([[0.1, 0.2, 1.0, 0.3]])
     logp = prox.clone().requires_grad_(True)
     adv, mask = torch.ones(1, 4), torch.ones(1, 4, dtype=torch.bool)
-    loss, _ = ppo_actor_loss(
+    loss, _ = ppo_loss_with(
         logp, prox, adv, mask, behave_logprobs=behave, m2_threshold=0.05, normalizer=8.0
     )
     assert_close(loss, torch.tensor(-0.5), rtol=0, atol=1e-6)
@@ -225,7 +226,7 @@ def test_m2po_runs_before_rejection_sampling() -> None:
     behave = -torch.tensor([[0.1, 0.2, 1.0, 0.3]])
     logp = prox.clone().requires_grad_(True)
     adv, mask = torch.ones(1, 4), torch.ones(1, 4, dtype=torch.bool)
-    _, stats = ppo_actor_loss(
+    _, stats = ppo_loss_with(
         logp,
         prox,
         adv,

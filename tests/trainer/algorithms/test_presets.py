@@ -1,7 +1,7 @@
 """Every algorithm preset is the named combination it claims to be, and runs.
 
 Each preset in examples/ is loaded with the real loader, mapped onto the algorithm core
-by the config adapters, and driven through advantages + actor (+ critic) loss + backward
+by the config views, and driven through advantages + actor (+ critic) loss + backward
 on a random batch; `flywheel run --dry-run` accepts it.
 """
 
@@ -16,13 +16,13 @@ import torch
 
 from services.cli import main as flywheel_main
 from services.common.config import load_config
+from services.common.config.views import ActorLossView, AdvantageView, CriticLossView
+from services.core.filters import resolve_should_accept
 from services.trainer.algorithms import (
-    actor_loss_from_config,
-    actor_loss_kwargs,
-    advantages_from_config,
-    critic_loss_from_config,
-    prox_from_config,
-    should_accept_from_config,
+    compute_advantages,
+    compute_prox_logp,
+    critic_loss,
+    ppo_actor_loss,
 )
 from services.trainer.algorithms.prox import needs_recompute
 from services.trainer.algorithms.stats import check_stat_names
@@ -64,16 +64,19 @@ def test_presets_are_the_advertised_combinations() -> None:
     assert _norm(a["liteppo"].adv_norm) == ("group", "batch", False)
     assert _norm(a["rloo"].adv_norm) == ("group", None, True)
     # surrogates and importance-sampling level
-    assert actor_loss_kwargs(a["gspo"])["importance_sampling_level"] == "sequence"
-    assert actor_loss_kwargs(a["sapo"])["surrogate"] == "sapo" and not a["sapo"].use_decoupled_loss
-    cispo = actor_loss_kwargs(a["cispo"])
-    assert cispo["surrogate"] == "cispo" and cispo["eps_clip_higher"] == 4.0
-    assert actor_loss_kwargs(a["grpo"])["surrogate"] == "clip"
+    view = {name: ActorLossView.of(actor) for name, actor in a.items()}
+    assert view["gspo"].importance_sampling_level == "sequence"
+    assert view["sapo"].surrogate == "sapo" and not view["sapo"].use_decoupled_loss
+    assert view["cispo"].surrogate == "cispo" and view["cispo"].eps_clip_higher == 4.0
+    assert view["grpo"].surrogate == "clip"
     # DAPO
     dapo = a["dapo_dynamic_bs"]
     assert dapo.eps_clip_higher == 0.28 and dapo.overlong_reward_penalty and dapo.dynamic_sampling
-    assert should_accept_from_config(dapo)([1.0, 1.0]) is False
-    assert should_accept_from_config(a["grpo"])([1.0, 1.0]) is True
+    for actor, accepts_equal_rewards in ((dapo, False), (a["grpo"], True)):
+        accept = resolve_should_accept(
+            actor.should_accept_fn, dynamic_sampling=actor.dynamic_sampling
+        )
+        assert accept([1.0, 1.0]) is accepts_equal_rewards
     # off-policy corrections
     assert a["icepop"].rejection_sampling.metric == "ratio"
     assert (a["icepop"].rejection_sampling.lower, a["icepop"].rejection_sampling.upper) == (
@@ -114,8 +117,8 @@ def _batch(gen: torch.Generator) -> dict[str, torch.Tensor]:
 def test_preset_runs_through_the_algorithm_core(name: str, gen: torch.Generator) -> None:
     cfg = load_config(EXAMPLES / f"{name}.yaml")
     d = _batch(gen)
-    adv = advantages_from_config(
-        cfg.actor,
+    adv = compute_advantages(
+        AdvantageView.of(cfg.actor),
         rewards=d["rewards"],
         loss_mask=d["mask"],
         no_eos=d["no_eos"],
@@ -129,8 +132,9 @@ def test_preset_runs_through_the_algorithm_core(name: str, gen: torch.Generator)
     theta = d["theta"].clone().requires_grad_(True)
     current_version = 3
     if cfg.actor.use_decoupled_loss:
-        prox = prox_from_config(
-            cfg.actor,
+        prox = compute_prox_logp(
+            cfg.actor.prox_logp_method,
+            ppo_n_minibatches=cfg.actor.ppo_n_minibatches,
             theta_logprobs=theta,
             behave_logprobs=d["behave"],
             versions=d["versions"],
@@ -141,12 +145,12 @@ def test_preset_runs_through_the_algorithm_core(name: str, gen: torch.Generator)
         proximal, prox_stats = prox.prox_logprobs, prox.stats
     else:
         proximal, prox_stats = d["prox"], {}
-    loss, stats = actor_loss_from_config(
-        cfg.actor,
+    loss, stats = ppo_actor_loss(
         theta,
         proximal,
         adv.advantages,
         adv.loss_mask,
+        ActorLossView.of(cfg.actor),
         behave_logprobs=d["behave"],
         versions=d["versions"],
         current_version=current_version,
@@ -161,9 +165,8 @@ def test_preset_runs_through_the_algorithm_core(name: str, gen: torch.Generator)
         assert "prox_approx/loglinear/logp_abs_error" in prox_stats
     if cfg.critic is not None:
         values = d["values"].clone().requires_grad_(True)
-        closs, cstats = critic_loss_from_config(
-            cfg.critic, values, d["values"], adv.returns, adv.loss_mask, actor=cfg.actor
-        )
+        critic_view = CriticLossView.of(cfg.critic, cfg.actor)
+        closs, cstats = critic_loss(values, d["values"], adv.returns, adv.loss_mask, critic_view)
         closs.backward()
         assert torch.isfinite(closs) and values.grad is not None
         check_stat_names(cstats)

@@ -2,7 +2,7 @@
 
 Checks the invariants that only hold end to end: with one minibatch and a recomputed
 π_prox the importance weight is exactly 1 (the recompute and the training forward are
-the same weights on the same tokens), the config adapters accept the shipped GRPO preset,
+the same weights on the same tokens), the config views accept the shipped GRPO preset,
 and one optimizer step on the loss moves the policy in the direction of the advantages.
 """
 
@@ -13,14 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.common.config import load_config
+from services.common.config import PPOActorConfig, load_config
+from services.common.config.views import ActorLossView, AdvantageView
 from services.common.tiny_model import write_tiny_model
-from services.trainer.algorithms import (
-    actor_loss_from_config,
-    advantages_from_config,
-    compute_prox_logp,
-    ppo_actor_loss,
-)
+from services.trainer.algorithms import compute_advantages, compute_prox_logp, ppo_actor_loss
 from services.trainer.algorithms.stats import (
     ACTOR_TOKEN_STATS,
     check_stat_names,
@@ -80,8 +76,8 @@ def test_one_minibatch_with_recompute_gives_importance_weight_exactly_one(
         recomputed = _token_logprobs(model, data["ids"], data["attn"])
     behave = recomputed + 0.05 * torch.randn(recomputed.shape, generator=gen)
 
-    adv = advantages_from_config(
-        cfg.actor,
+    adv = compute_advantages(
+        AdvantageView.of(cfg.actor),
         rewards=data["rewards"],
         loss_mask=data["loss_mask"],
         no_eos=data["no_eos"],
@@ -97,12 +93,13 @@ def test_one_minibatch_with_recompute_gives_importance_weight_exactly_one(
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     logp = _token_logprobs(model, data["ids"], data["attn"])
-    loss, stats = actor_loss_from_config(
-        cfg.actor,
+    settings = ActorLossView.of(cfg.actor)
+    loss, stats = ppo_actor_loss(
         logp,
         prox,
         adv.advantages,
         adv.loss_mask,
+        settings,
         behave_logprobs=behave,
         versions=data["versions"],
         current_version=2,
@@ -121,7 +118,8 @@ def test_one_minibatch_with_recompute_gives_importance_weight_exactly_one(
     # After the step the policy moved: a second minibatch would see a ratio != 1, and the
     # tokens with positive advantage gained probability on average.
     new_logp = _token_logprobs(model, data["ids"], data["attn"]).detach()
-    _, after = ppo_actor_loss(new_logp, prox, adv.advantages, adv.loss_mask)
+    plain = ActorLossView.of(PPOActorConfig())
+    _, after = ppo_actor_loss(new_logp, prox, adv.advantages, adv.loss_mask, plain)
     assert summarize_token_stats(after, ACTOR_TOKEN_STATS)["importance_weight/avg"].item() != 1.0
     moved = (new_logp - prox)[adv.loss_mask]
     a = adv.advantages[adv.loss_mask]
@@ -137,5 +135,11 @@ def test_reuse_train_logp_is_exact_with_one_minibatch(
     data = _batch(gen)
     logp = _token_logprobs(model, data["ids"], data["attn"])
     prox = compute_prox_logp("reuse_train_logp", theta_logprobs=logp, ppo_n_minibatches=1)
-    _, stats = ppo_actor_loss(logp, prox.prox_logprobs, torch.ones_like(logp), data["loss_mask"])
+    _, stats = ppo_actor_loss(
+        logp,
+        prox.prox_logprobs,
+        torch.ones_like(logp),
+        data["loss_mask"],
+        ActorLossView.of(PPOActorConfig()),
+    )
     assert summarize_token_stats(stats, ACTOR_TOKEN_STATS)["importance_weight/max"].item() == 1.0

@@ -8,8 +8,9 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from services.trainer.algorithms.advantages import compute_advantages
 from services.trainer.algorithms.rewards import overlong_penalty
+
+from ._views import advantages_with
 
 
 def test_overlong_penalty_is_linear_and_not_capped() -> None:
@@ -32,7 +33,7 @@ def test_overlong_penalty_past_max_new_tokens_in_the_pipeline() -> None:
     # then (r + 0) * 1 clipped to ±20 -> -0.5.
     mask = torch.zeros(1, 14, dtype=torch.bool)
     mask[0, 2:] = True
-    res = compute_advantages(
+    res = advantages_with(
         rewards=torch.tensor([1.0]),
         loss_mask=mask,
         no_eos=torch.tensor([False]),
