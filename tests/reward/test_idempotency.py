@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from services.reward.idempotency import IdempotencyStore, RequestIdConflict
+from tests.waiting import until
 
 
 async def test_concurrent_and_later_retries_compute_once() -> None:
@@ -25,7 +26,7 @@ async def test_concurrent_and_later_retries_compute_once() -> None:
         asyncio.create_task(store.run("r1", b"fp", compute, on_duplicate=lambda: dups.append(1)))
         for _ in range(5)
     ]
-    await asyncio.sleep(0.01)
+    await until(lambda: len(dups) == 4, "the four retries to join the first call", 10)
     gate.set()
     assert await asyncio.gather(*waiting) == [42] * 5
     assert await store.run("r1", b"fp", compute) == 42
@@ -66,12 +67,15 @@ async def test_caller_cancellation_does_not_cancel_the_work() -> None:
     store: IdempotencyStore[int] = IdempotencyStore(10)
     gate = asyncio.Event()
 
+    running = asyncio.Event()
+
     async def compute() -> int:
+        running.set()
         await gate.wait()
         return 5
 
     first = asyncio.create_task(store.run("r", b"fp", compute))
-    await asyncio.sleep(0.01)
+    await asyncio.wait_for(running.wait(), 10)  # the work has started
     first.cancel()  # the client timed out...
     gate.set()
     assert await store.run("r", b"fp", compute) == 5  # ...and its retry gets the answer
