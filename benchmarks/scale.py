@@ -150,7 +150,9 @@ class Fleet:
             tokens = int(lengths.sum())
             self.offered_groups += 1
             self.offered_tokens += tokens
-            payload = make_payload(f"g{i}-{seq}", r.reservation_ids[0], lengths, version, m)
+            payload = make_payload(
+                f"g{i}-{seq}-v{version}", r.reservation_ids[0], lengths, version, m
+            )
             res = (await self.timed("put", client.put_many([payload])))[0]
             self.results[res.result] += 1
             hear(res.version)
@@ -176,15 +178,10 @@ class Fleet:
                 if version > 0:
                     self.starved_s += time.monotonic() - t0
                 self.claimed += len(out)
-                for gid, msg in zip(out.group_ids, out.messages, strict=True):
-                    ov = min(
-                        (min((v for v in t.versions if v >= 0), default=version))
-                        for t in msg.trajectories
-                    )
-                    lag = out.version - ov
+                for gid in out.group_ids:  # "g<replica>-<seq>-v<version its tokens have>"
+                    lag = out.version - int(gid.rsplit("-v", 1)[1])
                     self.max_staleness = max(self.max_staleness, lag)
                     self.staleness_violations += lag > a.eta
-                    del gid
                 s0 = time.monotonic()
                 await asyncio.sleep(step_s)
                 await self.timed("ack", client.ack(out.group_ids, consumer_id="trainer"))
