@@ -150,13 +150,14 @@ class RewardsFilter(Protocol):
 
 @dataclass(frozen=True)
 class SurrogateParams:
-    """Knobs of the surrogates (AReaL names in the comments)."""
+    """Knobs of the surrogates, the actor config's fields of the same names; their defaults
+    and rules are the config schema's (`PPOActorConfig`), checked at load."""
 
-    eps_clip: float = 0.2  # eps_clip (lower clip, and upper when eps_clip_higher is None)
-    eps_clip_higher: float | None = None  # eps_clip_higher (DAPO clip-higher)
-    c_clip: float | None = None  # c_clip (dual clip, > 1)
-    sapo_tau_pos: float = 1.0  # sapo_tau_pos
-    sapo_tau_neg: float = 1.05  # sapo_tau_neg
+    eps_clip: float  # lower clip, and upper when eps_clip_higher is None
+    eps_clip_higher: float | None  # DAPO clip-higher
+    c_clip: float | None  # dual clip, > 1
+    sapo_tau_pos: float
+    sapo_tau_neg: float
 
     @property
     def eps_low(self) -> float:

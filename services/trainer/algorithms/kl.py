@@ -50,21 +50,14 @@ def kl_k3(logp: Tensor, logq: Tensor) -> Tensor:
     return torch.expm1(log_ratio) - log_ratio
 
 
-KL_CLAMP = 10.0
-"""AReaL's `KLEstimator(apply_clamp=True)` bound (areal/utils/data.py)."""
-
-
-def kl_reward_estimate(
-    logp: Tensor, logq: Tensor, estimator: str = "k1", clamp: float | None = KL_CLAMP
-) -> Tensor:
+def kl_reward_estimate(logp: Tensor, logq: Tensor, estimator: str, clamp: float | None) -> Tensor:
     """The estimate behind the KL reward: `clamp(KL_est(logp, logq), -clamp, clamp)` in float32.
 
-    AReaL's actor builds `KLEstimator(kl_estimator)` with its default `apply_clamp=True`, so
-    every estimate is clamped to [-10, 10] before `kl_ctl` multiplies it; `clamp=None` turns
-    the clamp off (`actor.kl_clamp: null`).
+    `clamp` is `actor.kl_clamp`: its default 10 is AReaL's actor, which builds
+    `KLEstimator(kl_estimator)` with `apply_clamp=True` (areal/utils/data.py), so every
+    estimate is clamped to [-10, 10] before `kl_ctl` multiplies it; `clamp=None` turns the
+    clamp off (`actor.kl_clamp: null`).
     """
-    if clamp is not None and not clamp > 0:
-        raise ValueError(f"kl_clamp must be > 0 or null, got {clamp!r}")
     est = KL_ESTIMATORS.get(estimator)(logp.to(torch.float32), logq.to(torch.float32))
     return est if clamp is None else est.clamp(-clamp, clamp)
 

@@ -11,26 +11,28 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from services.common.config.actor import PPOActorConfig
 from services.common.config.views import AdvantageView
-from services.trainer.algorithms.kl import KL_CLAMP, kl_reward_estimate
+from services.trainer.algorithms.kl import kl_reward_estimate
 
 from ._views import advantages_with
 
 
 def test_estimates_are_clamped_to_ten_by_default() -> None:
+    clamp = AdvantageView.of(PPOActorConfig()).kl_clamp  # the schema's default, AReaL's 10
     logp = torch.tensor([0.0, -15.0, -1.0, -0.5])
     logq = torch.tensor([-15.0, 0.0, -4.0, -0.25])
     # d = log p - log q = [15, -15, 3, -0.25]
     # k1 = d -> clamp to [-10, 10]: [10, -10, 3, -0.25]
     assert_close(
-        kl_reward_estimate(logp, logq, "k1"),
+        kl_reward_estimate(logp, logq, "k1", clamp),
         torch.tensor([10.0, -10.0, 3.0, -0.25]),
         rtol=0,
         atol=1e-6,
     )
     # k2 = d^2/2 = [112.5, 112.5, 4.5, 0.03125] -> [10, 10, 4.5, 0.03125]
     assert_close(
-        kl_reward_estimate(logp, logq, "k2"),
+        kl_reward_estimate(logp, logq, "k2", clamp),
         torch.tensor([10.0, 10.0, 4.5, 0.03125]),
         rtol=0,
         atol=1e-6,
@@ -38,7 +40,7 @@ def test_estimates_are_clamped_to_ten_by_default() -> None:
     # k3 = e^{-d} - 1 + d: d=15 -> 14.0000003 -> 10; d=-15 -> e^15 - 16 -> 10;
     # d=3 -> e^-3 + 2 = 2.0497871; d=-0.25 -> e^0.25 - 1.25 = 0.0340254
     assert_close(
-        kl_reward_estimate(logp, logq, "k3"),
+        kl_reward_estimate(logp, logq, "k3", clamp),
         torch.tensor([10.0, 10.0, math.exp(-3) + 2, math.exp(0.25) - 1.25]),
         rtol=0,
         atol=1e-6,
@@ -50,9 +52,9 @@ def test_estimates_are_clamped_to_ten_by_default() -> None:
         rtol=0,
         atol=1e-6,
     )
-    assert KL_CLAMP == 10.0
-    with pytest.raises(ValueError, match="kl_clamp must be > 0"):
-        kl_reward_estimate(logp, logq, "k1", clamp=0.0)
+    assert clamp == 10.0
+    with pytest.raises(ValueError, match="kl_clamp"):  # refused at load
+        PPOActorConfig(kl_clamp=0.0)
 
 
 def test_kl_reward_is_clamped_before_kl_ctl_in_the_pipeline() -> None:
@@ -75,7 +77,5 @@ def test_kl_reward_is_clamped_before_kl_ctl_in_the_pipeline() -> None:
 
 
 def test_config_default_is_arealclamp_and_null_turns_it_off() -> None:
-    from services.common.config.actor import PPOActorConfig
-
     assert AdvantageView.of(PPOActorConfig()).kl_clamp == 10.0
     assert AdvantageView.of(PPOActorConfig(kl_clamp=None)).kl_clamp is None
