@@ -18,6 +18,7 @@ from grpc_health.v1 import health_pb2
 
 from services.buffer.client import BufferClient
 from services.common.redis_server import RedisServer
+from tests.waiting import until
 
 from .helpers import fsync_every_write, make_group
 from .proc import BufferProcess
@@ -111,9 +112,8 @@ class Traffic:
                 self.trained.update(out.group_ids)
 
 
-async def wait_until(predicate, poll: float = 0.02) -> None:  # noqa: ANN001
-    while not predicate():
-        await asyncio.sleep(poll)
+async def wait_until(predicate) -> None:  # noqa: ANN001
+    await until(predicate, "the workload to get that far", timeout=300)
 
 
 async def test_sigkill_of_the_buffer_loses_nothing_acknowledged(buffer_proc: BufferProcess) -> None:
@@ -189,8 +189,10 @@ async def test_sigkill_of_redis_loses_at_most_the_last_second(
 
 
 async def wait_until_status(proc: BufferProcess, status: int) -> None:
-    while await proc.health() != status:
-        await asyncio.sleep(0.02)
+    async def reached() -> bool:
+        return await proc.health() == status
+
+    await until(reached, f"health status {status}", timeout=300)
 
 
 async def test_redis_restarted_from_an_older_aof_is_detected(make_buffer, redis_server) -> None:

@@ -14,6 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from flywheel_proto.v1 import buffer_pb2, buffer_pb2_grpc, common_pb2
 from services.buffer.client import InvalidGroupError, VersionRegressionError
 from services.common.codec import group_to_proto
+from tests.waiting import until
 
 from .helpers import assert_groups_equal, fsync_every_write, make_group
 
@@ -30,9 +31,12 @@ async def health(address: str) -> int:
 
 
 async def wait_health(address: str, status: int) -> None:
-    """Wait for a health state (no timing is asserted; pytest-timeout bounds the test)."""
-    while await health(address) != status:
-        await asyncio.sleep(0.05)
+    """Wait for a health state (no timing is asserted; the deadline is a guard)."""
+
+    async def reached() -> bool:
+        return await health(address) == status
+
+    await until(reached, f"health status {status} at {address}", timeout=300)
 
 
 async def test_put_claim_ack_round_trip(make_buffer) -> None:
