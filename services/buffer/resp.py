@@ -65,9 +65,14 @@ def pack(args: Sequence[Arg]) -> list[bytes | memoryview]:
     return chunks
 
 
-def _error(message: str) -> redis_errors.ResponseError:
+def _error(message: str) -> redis_errors.RedisError:
+    """The exception redis-py would raise for this error reply. `LOADING` (a restarted Redis
+    replaying its AOF) is a ConnectionError there, so callers treat it as an outage and
+    retry, not as a failed command."""
     if message.startswith("NOSCRIPT"):
         return redis_errors.NoScriptError(message)
+    if message.startswith("LOADING"):
+        return redis_errors.BusyLoadingError(message)
     return redis_errors.ResponseError(message)
 
 
