@@ -369,6 +369,36 @@ async def run_point(args: argparse.Namespace) -> dict:
     }
 
 
+def plot(lines_path: str, out: str) -> None:
+    """Draw the sweep's curves (JSON lines from `lines_path`) against N, one line per eta."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = [json.loads(x) for x in Path(lines_path).read_text().splitlines() if x.strip()]
+    panels = [
+        ("admitted_groups_per_s", "groups/s admitted (real time)"),
+        ("trainer_starved_fraction", "trainer starved (fraction of wall time)"),
+        ("reserve_p99_ms", "Reserve p99 (ms)"),
+        ("put_p99_ms", "PutMany p99 (ms)"),
+        ("buffer_cpu_s_per_1000_groups", "buffer CPU s / 1,000 groups"),
+        ("setversion_to_all_replicas_s_p50", "SetVersion to every replica, p50 (s)"),
+    ]
+    fig, axes = plt.subplots(2, 3, figsize=(13, 7))
+    for ax, (key, title) in zip(axes.flat, panels, strict=True):
+        for eta in sorted({p["eta"] for p in points}):
+            xs = [(p["replicas"], p[key]) for p in points if p["eta"] == eta and p[key] is not None]
+            xs.sort()
+            ax.plot([x for x, _ in xs], [y for _, y in xs], marker="o", label=f"eta={eta}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("replicas")
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument(
@@ -385,7 +415,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--die-p", type=float, default=0.01)
     parser.add_argument("--no-faults", dest="faults", action="store_false")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--plot", nargs=2, metavar=("LINES", "PNG"), help="draw LINES (JSON lines) to PNG, exit"
+    )
     args = parser.parse_args(argv)
+    if args.plot:
+        plot(*args.plot)
+        return
     for n in args.replicas:
         for eta in args.eta:
             point = argparse.Namespace(**{**vars(args), "replicas": n, "eta": eta})
