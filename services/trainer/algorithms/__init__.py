@@ -60,14 +60,7 @@ from .kl import KL_ESTIMATORS, binary_kl_symmetric
 from .layout import packed_to_padded, padded_to_packed
 from .losses import critic_loss, ppo_actor_loss
 from .normalization import NormSpec, group_index_from_ids, normalize, normalize_with
-from .offpolicy import (
-    ICEPOP,
-    KPOP,
-    RejectionSpec,
-    apply_rejection_sampling,
-    behave_imp_weight,
-    m2po_mask,
-)
+from .offpolicy import apply_rejection_sampling, behave_imp_weight, m2po_mask
 from .prox import (
     PROX_LOGP_METHODS,
     ProxResult,
@@ -94,14 +87,11 @@ __all__ = [
     "AdvantageResult",
     "CRITIC_TOKEN_STATS",
     "GAE_LAMBDA_FNS",
-    "ICEPOP",
     "KL_ESTIMATORS",
-    "KPOP",
     "NormSpec",
     "PROX_APPROX_METHODS",
     "PROX_LOGP_METHODS",
     "ProxResult",
-    "RejectionSpec",
     "STATS",
     "SURROGATES",
     "SurrogateParams",

@@ -31,88 +31,16 @@ clip never binds.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
 
 import torch
 from torch import Tensor
+
+from services.common.config import RejectionSamplingConfig
 
 from .checks import require_finite
 from .kl import KL_ESTIMATORS, binary_kl_symmetric
 from .layout import SeqLayout, layout_of, seq_broadcast, seq_max, seq_sum
 from .stats import scalar
-
-_METRICS = ("ratio", "kl_k1", "kl_k2", "kl_k3", "binary_kl")
-
-
-class RejectionLike(Protocol):
-    """Anything with `RejectionSamplingConfig`'s fields."""
-
-    @property
-    def level(self) -> Any: ...
-    @property
-    def action(self) -> Any: ...
-    @property
-    def metric(self) -> Any: ...
-    @property
-    def agg(self) -> Any: ...
-    @property
-    def upper(self) -> float: ...
-    @property
-    def lower(self) -> float | None: ...
-
-
-@dataclass(frozen=True)
-class RejectionSpec:
-    """Plain-Python twin of `RejectionSamplingConfig` (AReaL defaults)."""
-
-    level: str = "token"
-    action: str = "mask"
-    metric: str = "ratio"
-    agg: str = "mean"
-    upper: float = 5.0
-    lower: float | None = None
-
-
-ICEPOP = RejectionSpec(level="token", action="mask", metric="ratio", lower=0.5, upper=5.0)
-KPOP = RejectionSpec(level="token", action="mask", metric="binary_kl", upper=2.0)
-
-
-def check_rejection_spec(spec: RejectionLike) -> None:
-    """Validate a rejection-sampling configuration; errors name the field and the fix."""
-    if spec.level not in ("token", "sequence"):
-        raise ValueError(
-            f"rejection_sampling.level must be 'token' or 'sequence', got {spec.level!r}"
-        )
-    if spec.action not in ("mask", "clamp"):
-        raise ValueError(
-            f"rejection_sampling.action must be 'mask' or 'clamp', got {spec.action!r}"
-        )
-    if spec.metric not in _METRICS:
-        raise ValueError(
-            f"rejection_sampling.metric must be one of {', '.join(_METRICS)}, got {spec.metric!r}"
-        )
-    if spec.agg not in ("sum", "mean", "max"):
-        raise ValueError(f"rejection_sampling.agg must be sum, mean or max, got {spec.agg!r}")
-    if spec.action == "clamp" and spec.metric != "ratio":
-        raise ValueError(
-            "rejection_sampling.action='clamp' truncates the importance weight and needs "
-            f"metric='ratio' (got {spec.metric!r}); use action='mask' for KL metrics"
-        )
-    if spec.lower is not None and spec.lower > spec.upper:
-        raise ValueError(
-            f"rejection_sampling.lower ({spec.lower}) must not exceed upper ({spec.upper})"
-        )
-    if spec.metric == "ratio":
-        if spec.upper <= 1.0:
-            raise ValueError(
-                f"rejection_sampling.upper must be > 1 for metric='ratio', got {spec.upper}"
-            )
-        if spec.lower is not None and spec.lower < 0:
-            raise ValueError(
-                f"rejection_sampling.lower must be >= 0 for metric='ratio', got {spec.lower}"
-            )
-    if spec.metric in ("kl_k2", "kl_k3", "binary_kl") and spec.upper <= 0:
-        raise ValueError(f"rejection_sampling.upper must be > 0 for metric={spec.metric!r}")
 
 
 @dataclass
@@ -131,7 +59,7 @@ def behave_imp_weight(proximal_logprobs: Tensor, behave_logprobs: Tensor, mask: 
     return torch.where(mask, torch.exp(log_r), 0.0)
 
 
-def _in_bounds(metric: Tensor, spec: RejectionLike) -> Tensor:
+def _in_bounds(metric: Tensor, spec: RejectionSamplingConfig) -> Tensor:
     """`lower <= metric <= upper` (no lower bound when unset), for every metric."""
     ok = metric <= spec.upper
     if spec.lower is not None:
@@ -152,12 +80,12 @@ def apply_rejection_sampling(
     proximal_logprobs: Tensor,
     behave_logprobs: Tensor,
     loss_mask: Tensor,
-    spec: RejectionLike,
+    spec: RejectionSamplingConfig,
     *,
     cu_seqlens: Tensor | None = None,
 ) -> RejectionResult:
-    """Filter (mask) or truncate (clamp) stale tokens; see the module docstring."""
-    check_rejection_spec(spec)
+    """Filter (mask) or truncate (clamp) stale tokens; see the module docstring. `spec` is
+    `actor.rejection_sampling`, validated at load."""
     mask = loss_mask.to(torch.bool)
     prox = proximal_logprobs.detach().to(torch.float32)
     behave = behave_logprobs.detach().to(torch.float32)

@@ -23,9 +23,9 @@ _TEACHER_FIELDS = ("rl_loss_weight", "distill_loss_weight")
 
 
 def _actor(fields: dict[str, Any]) -> PPOActorConfig:
-    """`PPOActorConfig(**fields)`; the plain-Python twins of its blocks (`RejectionSpec`,
-    `NormSpec`) are passed as their fields. `loss_agg_norm` is dropped for the modes that
-    do not read it (the schema refuses it there), so one call can sweep every mode."""
+    """`PPOActorConfig(**fields)`; a `NormSpec` (the plain-Python twin of `NormConfig`) is
+    passed as its fields. `loss_agg_norm` is dropped for the modes that do not read it (the
+    schema refuses it there), so one call can sweep every mode."""
     fields = {
         k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) and not isinstance(v, type) else v
         for k, v in fields.items()

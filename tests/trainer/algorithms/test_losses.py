@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from services.common.config import RejectionSamplingConfig
 from services.core.plugins import RegistryError
 from services.trainer.algorithms.layout import padded_to_packed
-from services.trainer.algorithms.offpolicy import RejectionSpec
 from services.trainer.algorithms.stats import (
     ACTOR_TOKEN_STATS,
     CRITIC_TOKEN_STATS,
@@ -217,7 +217,7 @@ def test_decoupled_loss_multiplies_by_behaviour_weight() -> None:
     with pytest.raises(ValueError, match="needs behave_logprobs"):
         ppo_loss_with(logp, prox, adv, mask, use_decoupled_loss=True)
     with pytest.raises(ValueError, match="exists only with the decoupled loss"):
-        ppo_loss_with(logp, prox, adv, mask, rejection_sampling=RejectionSpec())
+        ppo_loss_with(logp, prox, adv, mask, rejection_sampling=RejectionSamplingConfig())
 
 
 def test_unknown_surrogate_lists_valid_ones() -> None:
@@ -270,15 +270,21 @@ OPTION_SETS = [
     {"surrogate": "cispo", "eps_clip": 1.0, "eps_clip_higher": 4.0},
     {"c_clip": 3.0, "eps_clip_higher": 0.28},
     {"use_decoupled_loss": True},
-    {"use_decoupled_loss": True, "rejection_sampling": RejectionSpec(lower=0.8, upper=1.3)},
     {
         "use_decoupled_loss": True,
-        "rejection_sampling": RejectionSpec(level="sequence", metric="kl_k3", upper=0.05),
+        "rejection_sampling": RejectionSamplingConfig(lower=0.8, upper=1.3),
     },
-    {"use_decoupled_loss": True, "rejection_sampling": RejectionSpec(action="clamp", upper=1.2)},
     {
         "use_decoupled_loss": True,
-        "rejection_sampling": RejectionSpec(metric="binary_kl", upper=0.05),
+        "rejection_sampling": RejectionSamplingConfig(level="sequence", metric="kl_k3", upper=0.05),
+    },
+    {
+        "use_decoupled_loss": True,
+        "rejection_sampling": RejectionSamplingConfig(action="clamp", upper=1.2),
+    },
+    {
+        "use_decoupled_loss": True,
+        "rejection_sampling": RejectionSamplingConfig(metric="binary_kl", upper=0.05),
     },
     {"m2_threshold": 0.05},
     {"loss_agg_mode": "seq-mean-token-mean"},
@@ -468,7 +474,7 @@ def _rs_row(ratios: list[float], behave_w: list[float]) -> dict[str, torch.Tenso
     }
 
 
-ICE = RejectionSpec(level="token", action="mask", metric="ratio", upper=2.0)
+ICE = RejectionSamplingConfig(level="token", action="mask", metric="ratio", upper=2.0)
 
 
 def test_rejection_sampling_statistics_follow_areal_2() -> None:
@@ -679,7 +685,7 @@ def test_loss_and_statistics_equal_an_areal_loop(m2: float | None, gen: torch.Ge
         behave = prox - 0.2 * torch.randn(1, 24, generator=gen, dtype=torch.float64)
         logp = prox + 0.3 * torch.randn(1, 24, generator=gen, dtype=torch.float64)
         adv = torch.randn(1, 24, generator=gen, dtype=torch.float64)
-        spec = RejectionSpec(lower=0.8, upper=1.25)
+        spec = RejectionSamplingConfig(lower=0.8, upper=1.25)
         loss, stats = ppo_loss_with(
             logp,
             prox,
@@ -751,7 +757,7 @@ def test_token_counts_follow_areal_ppo_actor_loss_fn() -> None:
     # IcePop drops token 6 (π_prox/π_behave = e² = 7.39 > 5): the loss loses it, the
     # counts do not (rejection sampling narrows loss_mask after stat_loss_mask is taken);
     # the drop shows in rs_filtered_fraction = 1/4
-    rs = _count_case(rejection_sampling=RejectionSpec(lower=0.5, upper=5.0))
+    rs = _count_case(rejection_sampling=RejectionSamplingConfig(lower=0.5, upper=5.0))
     assert _counts(rs) == pytest.approx([7.0, 4.0, 3.0, 3 / 7], abs=1e-7)
     assert float(rs["rs_filtered_fraction"]) == pytest.approx(0.25)
     # M2PO runs before the loss function (`grpo_loss_fn` → `_apply_m2po_masking`): with

@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
 from torch.testing import assert_close
 
+from services.common.config import RejectionSamplingConfig, load_config
 from services.trainer.algorithms.kl import bernoulli_kl, binary_kl_symmetric
 from services.trainer.algorithms.offpolicy import (
-    ICEPOP,
-    KPOP,
-    RejectionSpec,
     apply_rejection_sampling,
-    check_rejection_spec,
     m2po_mask,
 )
 
 from ._views import ppo_loss_with
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+ICEPOP = RejectionSamplingConfig(level="token", action="mask", metric="ratio", lower=0.5, upper=5.0)
 
 
 def _logs(weights: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -39,7 +40,9 @@ def test_icepop_token_mask_hand_computed() -> None:
 def test_clamp_keeps_tokens_with_truncated_weight() -> None:
     prox, behave = _logs([0.4, 1.0, 6.0, 2.0])
     mask = torch.ones(1, 4, dtype=torch.bool)
-    rs = apply_rejection_sampling(prox, behave, mask, RejectionSpec(action="clamp", upper=5.0))
+    rs = apply_rejection_sampling(
+        prox, behave, mask, RejectionSamplingConfig(action="clamp", upper=5.0)
+    )
     # lower defaults to 0 for clamp: [0.4, 1, min(6, 5), 2]; one of four changed
     assert rs.loss_mask.tolist() == [[True] * 4]
     assert_close(rs.behave_imp_weight, torch.tensor([[0.4, 1.0, 5.0, 2.0]]), rtol=0, atol=1e-6)
@@ -52,17 +55,19 @@ def test_sequence_level_ratio_uses_geometric_mean() -> None:
     prox = torch.log(torch.tensor([[2.0, 8.0], [0.5, 2.0]]))
     behave = torch.zeros(2, 2)
     mask = torch.ones(2, 2, dtype=torch.bool)
-    rs = apply_rejection_sampling(prox, behave, mask, RejectionSpec(level="sequence", upper=3.0))
+    rs = apply_rejection_sampling(
+        prox, behave, mask, RejectionSamplingConfig(level="sequence", upper=3.0)
+    )
     assert rs.loss_mask.tolist() == [[False, False], [True, True]]
     assert_close(rs.behave_imp_weight, torch.tensor([[0.0, 0.0], [1.0, 1.0]]), rtol=0, atol=1e-6)
     # agg=max judges by the largest token ratio: max(0.5, 2) = 2 <= 3, max(2, 8) = 8 > 3
     rs = apply_rejection_sampling(
-        prox, behave, mask, RejectionSpec(level="sequence", agg="max", upper=3.0)
+        prox, behave, mask, RejectionSamplingConfig(level="sequence", agg="max", upper=3.0)
     )
     assert rs.loss_mask.tolist() == [[False, False], [True, True]]
     # agg=sum: exp(ln 0.5 + ln 2) = 1 ; exp(ln 2 + ln 8) = 16
     rs = apply_rejection_sampling(
-        prox, behave, mask, RejectionSpec(level="sequence", agg="sum", upper=20.0)
+        prox, behave, mask, RejectionSamplingConfig(level="sequence", agg="sum", upper=20.0)
     )
     assert rs.loss_mask.all()
 
@@ -72,14 +77,18 @@ def test_kl_metrics_hand_computed() -> None:
     behave = torch.tensor([[-1.5, -3.0]])
     mask = torch.ones(1, 2, dtype=torch.bool)
     # log r = [0.5, 2.0]; k2 = ½ log r² = [0.125, 2.0] -> upper 1 keeps the first only
-    rs = apply_rejection_sampling(prox, behave, mask, RejectionSpec(metric="kl_k2", upper=1.0))
+    rs = apply_rejection_sampling(
+        prox, behave, mask, RejectionSamplingConfig(metric="kl_k2", upper=1.0)
+    )
     assert rs.loss_mask.tolist() == [[True, False]]
     # k3 with d = log π_behave - log π_prox = [-0.5, -2]: e^d - 1 - d = [0.1065307, 1.1353353]
-    rs = apply_rejection_sampling(prox, behave, mask, RejectionSpec(metric="kl_k3", upper=0.2))
+    rs = apply_rejection_sampling(
+        prox, behave, mask, RejectionSamplingConfig(metric="kl_k3", upper=0.2)
+    )
     assert rs.loss_mask.tolist() == [[True, False]]
     # k1 with a lower bound filters negative estimates: log r = [0.5, 2.0] both >= 0.1
     rs = apply_rejection_sampling(
-        prox, behave, mask, RejectionSpec(metric="kl_k1", lower=0.1, upper=1.0)
+        prox, behave, mask, RejectionSamplingConfig(metric="kl_k1", lower=0.1, upper=1.0)
     )
     assert rs.loss_mask.tolist() == [[True, False]]
 
@@ -108,7 +117,7 @@ def test_kpop_runs_end_to_end_in_the_actor_loss() -> None:
     logp = prox.clone().requires_grad_(True)
     adv = torch.tensor([[1.0, 1.0]])
     mask = torch.ones(1, 2, dtype=torch.bool)
-    kpop = RejectionSpec(metric="binary_kl", upper=0.14)
+    kpop = RejectionSamplingConfig(metric="binary_kl", upper=0.14)
     loss, stats = ppo_loss_with(
         logp,
         prox,
@@ -123,20 +132,23 @@ def test_kpop_runs_end_to_end_in_the_actor_loss() -> None:
     assert_close(stats["rs_filtered_fraction"], torch.tensor(0.5), rtol=0, atol=0)
     loss.backward()
     assert logp.grad is not None and logp.grad[0, 0] == 0.0
-    assert KPOP.metric == "binary_kl" and KPOP.upper == 2.0
+    kpop_preset = load_config(EXAMPLES / "kpop.yaml").actor.rejection_sampling
+    assert kpop_preset is not None
+    assert kpop_preset.metric == "binary_kl" and kpop_preset.upper == 2.0
 
 
 def test_spec_validation_names_the_field() -> None:
-    with pytest.raises(ValueError, match="action='clamp' .* needs metric='ratio'"):
-        check_rejection_spec(RejectionSpec(action="clamp", metric="kl_k2"))
-    with pytest.raises(ValueError, match="upper must be > 1 for metric='ratio'"):
-        check_rejection_spec(RejectionSpec(upper=0.9))
-    with pytest.raises(ValueError, match="lower .* must not exceed upper"):
-        check_rejection_spec(RejectionSpec(lower=3.0, upper=2.0))
-    with pytest.raises(ValueError, match="metric must be one of"):
-        check_rejection_spec(RejectionSpec(metric="tv"))
+    # the schema checks the spec once, at load (`RejectionSamplingConfig`)
+    with pytest.raises(ValueError, match="only works with metric 'ratio'"):
+        RejectionSamplingConfig(action="clamp", metric="kl_k2")
+    with pytest.raises(ValueError, match="upper bound must be > 1"):
+        RejectionSamplingConfig(upper=0.9)
+    with pytest.raises(ValueError, match="lower bound exceeds upper"):
+        RejectionSamplingConfig(lower=3.0, upper=2.0)
+    with pytest.raises(ValueError, match="metric"):
+        RejectionSamplingConfig(metric="tv")  # type: ignore[arg-type]
     # clamp with lower = 0 (what the config fills in) is valid
-    check_rejection_spec(RejectionSpec(action="clamp", lower=0.0, upper=2.0))
+    RejectionSamplingConfig(action="clamp", lower=0.0, upper=2.0)
 
 
 def test_m2po_hand_computed() -> None:
@@ -233,7 +245,7 @@ def test_m2po_runs_before_rejection_sampling() -> None:
         mask,
         behave_logprobs=behave,
         use_decoupled_loss=True,
-        rejection_sampling=RejectionSpec(upper=2.0),
+        rejection_sampling=RejectionSamplingConfig(upper=2.0),
         m2_threshold=0.05,
     )
     assert_close(stats["m2po_masked_fraction"], torch.tensor(0.25), rtol=0, atol=0)
@@ -249,7 +261,7 @@ def test_binary_kl_lower_bound_applies_as_in_areal() -> None:
     prox = torch.log(torch.tensor([[0.5, 0.3]]))
     behave = torch.log(torch.tensor([[0.25, 0.3]]))
     mask = torch.ones(1, 2, dtype=torch.bool)
-    spec = RejectionSpec(metric="binary_kl", lower=0.01, upper=2.0)
+    spec = RejectionSamplingConfig(metric="binary_kl", lower=0.01, upper=2.0)
     res = apply_rejection_sampling(prox, behave, mask, spec)
     assert res.loss_mask.tolist() == [[True, False]]
     assert_close(res.filtered_fraction, torch.tensor(0.5), rtol=0, atol=0)
