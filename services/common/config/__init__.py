@@ -11,18 +11,7 @@ a `ref` with a path, and is rejected at load without one.
 """
 
 from ._base import FlywheelModel, RuleViolation, masked_url
-from .actor import (
-    FSDPEngineConfig,
-    FSDPWrapPolicy,
-    MicroBatchSpec,
-    NormConfig,
-    OptimizerConfig,
-    PPOActorConfig,
-    PPOCriticConfig,
-    RejectionSamplingConfig,
-    TeacherConfig,
-    TrainEngineConfig,
-)
+from .actor import PPOActorConfig, PPOCriticConfig, TeacherConfig
 from .buffer import BufferConfig
 from .dataset import DatasetConfig
 from .errors import ConfigError, ConfigIssue
@@ -30,12 +19,16 @@ from .generation import GenerationHyperparameters
 from .interpolation import resolve_interpolations
 from .launcher import EvalConfig, LauncherConfig, TinyModelConfig, WarmStartConfig
 from .loader import load_config, load_raw, to_yaml, validate
+from .normalization import NormConfig
+from .optimizer import OptimizerConfig
 from .overrides import apply_override, parse_value
+from .rejection_sampling import RejectionSamplingConfig
 from .reward import RewardConfig
 from .rollout import RolloutConfig, SGLangServerConfig
 from .root import ClusterSpecConfig, FlywheelConfig
 from .scheduler import SchedulerConfig
 from .services import EndpointConfig, RolloutEndpointConfig, ServicesConfig
+from .train_engine import FSDPEngineConfig, FSDPWrapPolicy, MicroBatchSpec, TrainEngineConfig
 from .trainer import TrainerConfig
 
 __all__ = [

@@ -4,21 +4,24 @@ Field names and defaults are AReaL's (inclusionAI/AReaL `areal/api/cli_args.py`)
 an AReaL YAML carries over; the few Flywheel additions are marked "Flywheel:" in their
 docstrings, and the few deliberate default differences are listed in
 `tests/common/config/test_config_defaults.py` (DEVIATIONS) with the reason for each.
+
+The blocks they are made of have modules of their own: `train_engine.py` (what every trained
+model shares: precision, micro-batches, FSDP, the optimizer's place), `optimizer.py`,
+`normalization.py` and `rejection_sampling.py`.
 """
 
 from __future__ import annotations
 
-import math
 import re
-import warnings
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from ._base import FlywheelModel, RuleViolation
+from ._base import RuleViolation
+from .normalization import NormConfig
+from .rejection_sampling import REJECTION_SAMPLING_MIGRATION, RejectionSamplingConfig
+from .train_engine import TrainEngineConfig
 
-NormLevel = Literal["batch", "group"] | None
-DType = Literal["float32", "bfloat16", "float16"]
 ProxLogpMethod = Literal["recompute", "loglinear", "linear", "metrics", "reuse_train_logp"]
 LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
@@ -28,393 +31,6 @@ BUILTIN_SURROGATES = ("clip", "sapo", "cispo")
 
 _IDENT = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
 _DOTTED_PATH = re.compile(rf"{_IDENT}(?::|\.){_IDENT}")
-
-_DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-_MODULE_NAME = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*")
-_NULL_WORDS = {"none", "null", "~"}
-
-_REJECTION_SAMPLING_MIGRATION = (
-    "AReaL removed this key and Flywheel does not accept it; express the same filter "
-    "with `actor.rejection_sampling` (requires use_decoupled_loss: true). The old default "
-    "behave_imp_weight_cap=5 with token_mask is:\n"
-    "      rejection_sampling: {level: token, action: mask, metric: ratio, upper: 5.0}\n"
-    "    and *_truncate modes become action: clamp; sequence_* modes become level: sequence"
-)
-
-
-class NormConfig(FlywheelModel):
-    """Mean/std normalisation of rewards or advantages (`reward_norm`, `adv_norm`)."""
-
-    mean_level: NormLevel = "batch"
-    """Where the mean is taken: over the whole batch, within each prompt group, or
-    nowhere (null: no centring)."""
-
-    mean_leave1out: bool = False
-    """Centre each element on the mean of the *other* elements of its batch/group (RLOO):
-    for per-token values one token is left out, not its whole completion."""
-
-    std_level: NormLevel = "batch"
-    """Where the standard deviation is taken: batch, group, or null (std 1 and no eps;
-    Dr.GRPO removes it to avoid favouring easy/hard prompts). It is taken around the same
-    per-element mean that is subtracted (0 when `mean_level` is null)."""
-
-    std_unbiased: bool = True
-    """Use the unbiased (n-1) standard deviation; the std of one element is then 1."""
-
-    eps: float = Field(default=1e-5, gt=0.0)
-    """Added to the standard deviation before dividing, so constant groups do not explode."""
-
-    group_size: int = Field(default=1, ge=1)
-    """Group size used only when the batch carries no group metadata (fallback):
-    consecutive runs of `group_size` sequences; rows after the last full group get mean 0
-    and std 1."""
-
-    per_completion: bool = False
-    """Flywheel: statistics of per-token values count each completion once, through the
-    mean of its valid tokens (every completion weighs the same whatever its length).
-    false is AReaL's: every valid token counts once, so longer completions weigh more."""
-
-    @model_validator(mode="after")
-    def _leave1out_needs_mean(self) -> NormConfig:
-        if self.mean_leave1out and self.mean_level is None:
-            raise RuleViolation(
-                "mean_leave1out",
-                True,
-                "leave-one-out needs a mean to leave the element out of: set mean_level "
-                "to 'batch' or 'group', or mean_leave1out to false",
-            )
-        return self
-
-    @field_validator("mean_level", "std_level", mode="before")
-    @classmethod
-    def _level(cls, value: Any, info: Any) -> Any:
-        # YAML users write `none`/`None` (AReaL's docs did); treat them as null.
-        if isinstance(value, str) and value.strip().lower() in _NULL_WORDS:
-            return None
-        if value not in ("batch", "group", None):
-            raise RuleViolation(
-                info.field_name,
-                value,
-                "normalisation level must be 'batch', 'group' or null (no "
-                f"{'centring' if info.field_name == 'mean_level' else 'scaling'})",
-            )
-        return value
-
-    @property
-    def uses_group_statistics(self) -> bool:
-        """Whether the mean or the std is taken per prompt group."""
-        return self.mean_level == "group" or self.std_level == "group"
-
-
-class MicroBatchSpec(FlywheelModel):
-    """How one minibatch is split into micro-batches for forward/backward."""
-
-    n_mbs: int | None = Field(default=1, ge=1)
-    """Number of micro-batches; the minimum number when `max_tokens_per_mb` is set."""
-
-    granularity: int = Field(default=1, ge=1)
-    """Adjacent sequences are kept together in units of this size when splitting
-    (set it to the group size to keep groups whole)."""
-
-    max_tokens_per_mb: int | None = Field(default=None, ge=1)
-    """Most tokens in one micro-batch; bounds activation memory for long sequences."""
-
-    n_mbs_divisor: int = Field(default=1, ge=1)
-    """The final number of micro-batches is rounded up to a multiple of this."""
-
-    packing_algorithm: Literal["ffd"] = "ffd"
-    """Bin packing of sequences into micro-batches: first-fit-decreasing. AReaL's `kk`
-    (Karmarkar-Karp) is refused at load: the trainer does not implement it."""
-
-    @field_validator("packing_algorithm", mode="before")
-    @classmethod
-    def _packing(cls, value: Any) -> Any:
-        if value == "kk":
-            raise RuleViolation(
-                "packing_algorithm",
-                value,
-                "Karmarkar-Karp packing is not implemented by the trainer; use "
-                "packing_algorithm: ffd (first-fit-decreasing, the default)",
-            )
-        return value
-
-
-class OptimizerConfig(FlywheelModel):
-    """AdamW/SGD settings and the learning-rate schedule."""
-
-    type: Literal["adam", "sgd", "adam_bf16"] = "adam"
-    """Optimizer: AdamW, plain SGD, or AdamW with bf16 states (needs FSDP)."""
-
-    lr: float = Field(default=1e-3, gt=0.0)
-    """Peak learning rate."""
-
-    weight_decay: float = Field(default=0.01, ge=0.0)
-    """Decoupled weight decay."""
-
-    beta1: float = Field(default=0.9, ge=0.0, lt=1.0)
-    """Adam first-moment decay."""
-
-    beta2: float = Field(default=0.999, ge=0.0, lt=1.0)
-    """Adam second-moment decay."""
-
-    eps: float = Field(default=1e-8, gt=0.0)
-    """Adam denominator epsilon."""
-
-    min_lr_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
-    """Learning rate at the end of annealing, as a fraction of `lr`."""
-
-    lr_scheduler_type: Literal["linear", "cosine", "constant"] = "constant"
-    """Shape of the schedule after warm-up."""
-
-    warmup_steps_proportion: float = Field(default=0.001, ge=0.0, le=1.0)
-    """Fraction of the total steps spent warming up (ignored when `warmup_steps` is set)."""
-
-    warmup_steps: int | None = Field(default=None, ge=0)
-    """Fixed number of warm-up steps; takes precedence over the proportion."""
-
-    offload: bool = False
-    """Keep optimizer states on CPU."""
-
-    initial_loss_scale: float = 2.0**32
-    """Initial dynamic loss scale (fp16 only)."""
-
-    min_loss_scale: float = 1.0
-    """Smallest dynamic loss scale (fp16 only)."""
-
-    loss_scale_window: float = 5
-    """Steps without overflow before the loss scale grows (fp16 only)."""
-
-    hysteresis: int = 2
-    """Overflows tolerated before the loss scale shrinks (fp16 only)."""
-
-    gradient_clipping: float = Field(default=1.0, ge=0.0)
-    """Global gradient-norm clip; 0 disables clipping."""
-
-
-class FSDPWrapPolicy(FlywheelModel):
-    """Which module classes become FSDP units."""
-
-    transformer_layer_cls_to_wrap: list[str] | None = None
-    """Class names to shard as units; null means the model's decoder layer class."""
-
-
-class FSDPEngineConfig(FlywheelModel):
-    """FSDP2 (`fully_shard`) options of a training engine."""
-
-    wrap_policy: FSDPWrapPolicy | None = None
-    """Layer wrapping; null shards each transformer decoder layer."""
-
-    offload_params: bool = False
-    """Keep sharded parameters on CPU between uses."""
-
-    memory_efficient_load: bool = False
-    """Only rank 0 reads the checkpoint; the others receive shards after sharding."""
-
-
-class TrainEngineConfig(FlywheelModel):
-    """A model that the trainer holds: where it comes from and how it is run.
-
-    Used as is for the reference model (`ref`) and as the base of the actor and critic.
-    """
-
-    experiment_name: str | None = None
-    """Accepted for AReaL compatibility; the root `experiment_name` is what Flywheel uses."""
-
-    trial_name: str | None = None
-    """Accepted for AReaL compatibility; the root `trial_name` is what Flywheel uses."""
-
-    path: str = ""
-    """Hugging Face checkpoint directory or hub name; empty means the tiny model that
-    the launcher writes locally (embedded default)."""
-
-    attn_impl: str = "sdpa"
-    """transformers attention implementation. Flywheel: defaults to `sdpa` (AReaL:
-    `flash_attention_2`), which runs everywhere including CPU; set flash_attention_2
-    on GPUs that have flash-attn."""
-
-    init_from_scratch: bool = False
-    """Randomly initialise the weights instead of loading them."""
-
-    is_critic: bool = False
-    """The model has a scalar value head instead of the LM head."""
-
-    temperature: float = Field(default=1.0, gt=0.0)
-    """Logits are divided by this before log-probabilities are taken; must equal
-    `gconfig.temperature` so that π_θ and π_behave are the same distribution family."""
-
-    logprobs_chunk_size: int = Field(default=1024, ge=1)
-    """Tokens per chunk when log-probabilities and entropy are computed (bounds memory)."""
-
-    mb_spec: MicroBatchSpec = Field(default_factory=MicroBatchSpec)
-    """Micro-batch splitting of each forward/backward."""
-
-    pad_to_maximum: bool = False
-    """Pad every micro-batch to the `mb_spec` bound (less fragmentation, slower)."""
-
-    disable_dropout: bool = False
-    """Turn dropout off while training (RL wants π_θ deterministic given the weights)."""
-
-    gradient_checkpointing: bool = False
-    """Recompute activations in backward to save memory."""
-
-    dtype: DType = "bfloat16"
-    """Compute dtype of forward/backward."""
-
-    grad_reduce_dtype: DType = "float32"
-    """Dtype of gradient reduction across data-parallel ranks."""
-
-    optimizer_dtype: Literal["float32", "bfloat16"] = "float32"
-    """Storage dtype of parameters and optimizer states (fp32 master weights by default)."""
-
-    optimizer: OptimizerConfig | None = None
-    """Optimizer; null means the model is not trained (reference models)."""
-
-    fsdp: FSDPEngineConfig = Field(default_factory=FSDPEngineConfig)
-    """FSDP2 options."""
-
-    offload: bool = False
-    """Offload parameters and optimizer states to CPU between steps."""
-
-    use_lora: bool = False
-    """Train LoRA adapters instead of the full weights (AReaL's FSDP LoRA): the layers
-    `target_modules` names get trainable low-rank factors A, B and their weights stay
-    frozen; the optimizer holds only the adapters (and a critic's value head). Rollout
-    receives the merged weights `W + (lora_alpha / lora_rank) · B @ A` under the Hugging
-    Face names, so it needs no LoRA support (AReaL instead sends the adapter alone and
-    the inference server applies it). Checkpoints hold base and adapters; the HF export is the merged model.
-    Only a trained model (one with an optimizer) gets adapters."""
-
-    lora_rank: int = Field(default=32, ge=1)
-    """LoRA rank r: the inner size of the update B @ A (B is out x r, A is r x in)."""
-
-    lora_alpha: int = Field(default=16, ge=1)
-    """LoRA alpha: the update is scaled by lora_alpha / lora_rank (PEFT's scaling)."""
-
-    target_modules: list[str] = Field(default_factory=list)
-    """Layers that get adapters: empty or `[all-linear]` is every linear layer except the
-    output head (PEFT's `all-linear`, AReaL's default); otherwise module names matched as
-    suffixes of the dotted path (`q_proj` adapts every `...self_attn.q_proj`). A name that
-    matches no linear layer fails when the model is built."""
-
-    peft_type: Literal["lora"] = "lora"
-    """PEFT method; only LoRA (as AReaL)."""
-
-    @field_validator("target_modules")
-    @classmethod
-    def _target_modules(cls, value: list[str]) -> list[str]:
-        for name in value:
-            if name == "all-linear":
-                if len(value) > 1:
-                    raise RuleViolation(
-                        "target_modules",
-                        value,
-                        "all-linear already names every linear layer; give it alone or "
-                        "list module names without it",
-                    )
-            elif not _MODULE_NAME.fullmatch(name):
-                raise RuleViolation(
-                    "target_modules",
-                    value,
-                    f"{name!r} is not a module name: expected all-linear or dotted names "
-                    "such as q_proj or self_attn.o_proj",
-                )
-        return value
-
-    @field_validator("dtype", "grad_reduce_dtype", "optimizer_dtype", mode="before")
-    @classmethod
-    def _dtype_alias(cls, value: Any) -> Any:
-        # fp32/bf16/fp16 are what people type; store the torch names.
-        if isinstance(value, str):
-            return _DTYPE_ALIASES.get(value.strip().lower(), value)
-        return value
-
-
-class RejectionSamplingConfig(FlywheelModel):
-    """Filter or truncate tokens whose behaviour policy is too far from π_prox.
-
-    IcePop is `metric: ratio` with `lower`/`upper` around 1; KPop is `metric: binary_kl`.
-    Only used with `use_decoupled_loss: true` (it acts on π_prox/π_behave).
-    """
-
-    level: Literal["token", "sequence"] = "token"
-    """Judge each token alone, or whole sequences (all tokens share the verdict; with
-    `metric: ratio` the correction weight is then the sequence geometric mean)."""
-
-    action: Literal["mask", "clamp"] = "mask"
-    """`mask`: drop offending tokens/sequences from the loss; `clamp`: keep them with the
-    importance weight clamped to [lower, upper] (ratio metric only)."""
-
-    metric: Literal["ratio", "kl_k1", "kl_k2", "kl_k3", "binary_kl"] = "ratio"
-    """Divergence compared with the bounds: the ratio π_prox/π_behave, the k1/k2/k3 KL
-    estimators of log r, or the symmetric binary KL between the two token probabilities
-    (KPop)."""
-
-    agg: Literal["sum", "mean", "max"] = "mean"
-    """Aggregation over a sequence's tokens when `level: sequence` (log space for ratio)."""
-
-    upper: float = 5.0
-    """Upper bound: larger metric values are rejected (ratio: > 1; KL: >= 0)."""
-
-    lower: float | None = None
-    """Optional lower bound (ratio: in (0, 1)); `clamp` uses 0 when unset."""
-
-    @model_validator(mode="after")
-    def _bounds(self) -> RejectionSamplingConfig:
-        if not math.isfinite(self.upper):
-            raise RuleViolation("upper", self.upper, "must be a finite number")
-        if self.lower is not None and self.lower > self.upper:
-            raise RuleViolation(
-                "lower",
-                self.lower,
-                f"lower bound exceeds upper={self.upper}; set lower <= upper",
-            )
-        if self.metric == "ratio":
-            if self.upper <= 1.0:
-                raise RuleViolation(
-                    "upper",
-                    self.upper,
-                    "with metric 'ratio' the upper bound must be > 1 (at <= 1 every token "
-                    "whose policy moved at all is rejected); typical values are 2 or 5",
-                )
-            if self.lower is not None and not (0.0 <= self.lower < 1.0):
-                raise RuleViolation(
-                    "lower",
-                    self.lower,
-                    "with metric 'ratio' the lower bound must be in [0, 1) (a ratio is "
-                    "positive and 1 means no change); typical value 0.5",
-                )
-            if self.lower == 0.0 and self.action == "mask":
-                raise RuleViolation(
-                    "lower",
-                    self.lower,
-                    "a ratio is always > 0, so lower=0 masks nothing; use a positive "
-                    "lower bound or leave it null",
-                )
-        elif self.metric in ("kl_k2", "kl_k3", "binary_kl") and self.upper <= 0.0:
-            raise RuleViolation(
-                "upper",
-                self.upper,
-                f"metric '{self.metric}' is never negative, so the upper bound must be "
-                "> 0; typical values are 0.5 to 2",
-            )
-        if self.action == "clamp":
-            if self.metric != "ratio":
-                raise RuleViolation(
-                    "action",
-                    self.action,
-                    f"'clamp' truncates the importance ratio and only works with "
-                    f"metric 'ratio' (got metric '{self.metric}'); use action: mask",
-                )
-            if self.lower is None:
-                # Truncation keeps every token; an unset lower bound means "no floor".
-                self.__dict__["lower"] = 0.0
-        if self.level == "token" and self.agg != "mean":
-            warnings.warn(
-                f"rejection_sampling.agg={self.agg!r} has no effect with level 'token'",
-                UserWarning,
-                stacklevel=2,
-            )
-        return self
 
 
 class PPOActorConfig(TrainEngineConfig):
@@ -583,9 +199,9 @@ class PPOActorConfig(TrainEngineConfig):
     """Generation length limit as the trainer sees it (overlong penalty, Dr.GRPO norm)."""
 
     legacy_keys: ClassVar[dict[str, str]] = {
-        "behave_imp_weight_cap": _REJECTION_SAMPLING_MIGRATION,
-        "behav_imp_weight_cap": _REJECTION_SAMPLING_MIGRATION,
-        "behave_imp_weight_mode": _REJECTION_SAMPLING_MIGRATION,
+        "behave_imp_weight_cap": REJECTION_SAMPLING_MIGRATION,
+        "behav_imp_weight_cap": REJECTION_SAMPLING_MIGRATION,
+        "behave_imp_weight_mode": REJECTION_SAMPLING_MIGRATION,
         "group_adv_norm": (
             "removed in AReaL; write `adv_norm: {mean_level: group, std_level: group}` "
             "for true, or leave adv_norm at batch level for false"
@@ -859,7 +475,7 @@ class TeacherConfig(TrainEngineConfig):
 
     # AReaL refuses its removed importance-weight cap in the teacher block as in the actor's.
     legacy_keys: ClassVar[dict[str, str]] = {
-        key: _REJECTION_SAMPLING_MIGRATION
+        key: REJECTION_SAMPLING_MIGRATION
         for key in ("behave_imp_weight_cap", "behav_imp_weight_cap", "behave_imp_weight_mode")
     }
 

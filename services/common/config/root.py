@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from ._base import FlywheelModel, RuleViolation
-from .actor import PPOActorConfig, PPOCriticConfig, TeacherConfig, TrainEngineConfig
+from .actor import PPOActorConfig, PPOCriticConfig, TeacherConfig
 from .buffer import BufferConfig
 from .dataset import DatasetConfig, ValidDatasetConfig
 from .generation import GenerationHyperparameters
@@ -18,6 +18,7 @@ from .rollout import RolloutConfig
 from .scheduler import SchedulerConfig
 from .services import ServicesConfig
 from .tracking import TrackingConfig
+from .train_engine import TrainEngineConfig
 from .trainer import TrainerConfig
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")

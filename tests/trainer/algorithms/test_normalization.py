@@ -384,7 +384,7 @@ def test_group_index_fallback_and_errors() -> None:
 def test_norm_config_drives_normalize_with() -> None:
     from pydantic import ValidationError
 
-    from services.common.config.actor import NormConfig
+    from services.common.config.normalization import NormConfig
 
     adv = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
     mask = torch.tensor([[True, True, True], [True, False, False]])
