@@ -29,7 +29,7 @@ Advantages
     — rewards → overlong penalty, bias /
     scaling / clip, `reward_norm`, KL shaping (k1/k2/k3 against a reference), GAE over
     tokens or turns with per-trajectory λ, `adv_norm`.
-    `normalize(...)`, `normalize_with(x, NormConfig, ...)`, `NormSpec`.
+    `normalize(...)`, `normalize_with(x, NormConfig, ...)`.
 Losses
     `ppo_actor_loss(logprobs, proximal_logprobs, advantages, loss_mask, settings, ...)
     -> (loss, stats)` — clip / dual clip / clip-higher, token or
@@ -59,7 +59,7 @@ from .gae_lambda import GAE_LAMBDA_FNS, gae_lambda_context, resolve_gae_lambda
 from .kl import KL_ESTIMATORS, binary_kl_symmetric
 from .layout import packed_to_padded, padded_to_packed
 from .losses import critic_loss, ppo_actor_loss
-from .normalization import NormSpec, group_index_from_ids, normalize, normalize_with
+from .normalization import group_index_from_ids, normalize, normalize_with
 from .offpolicy import apply_rejection_sampling, behave_imp_weight, m2po_mask
 from .prox import (
     PROX_LOGP_METHODS,
@@ -88,7 +88,6 @@ __all__ = [
     "CRITIC_TOKEN_STATS",
     "GAE_LAMBDA_FNS",
     "KL_ESTIMATORS",
-    "NormSpec",
     "PROX_APPROX_METHODS",
     "PROX_LOGP_METHODS",
     "ProxResult",

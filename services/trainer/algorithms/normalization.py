@@ -33,45 +33,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
+
+from services.common.config import NormConfig
 
 from .layout import check_per_seq, layout_of, seq_broadcast, seq_sum
 
 Level = Literal["batch", "group"] | None
 _LEVELS = ("batch", "group", None)
-
-
-class NormLike(Protocol):
-    """Anything with `NormConfig`'s fields (the pydantic config, or `NormSpec`)."""
-
-    @property
-    def mean_level(self) -> Any: ...
-    @property
-    def mean_leave1out(self) -> bool: ...
-    @property
-    def std_level(self) -> Any: ...
-    @property
-    def std_unbiased(self) -> bool: ...
-    @property
-    def eps(self) -> float: ...
-    @property
-    def group_size(self) -> int: ...
-
-
-@dataclass(frozen=True)
-class NormSpec:
-    """Plain-Python twin of `NormConfig` (AReaL defaults), for callers without a config."""
-
-    mean_level: Level = "batch"
-    mean_leave1out: bool = False
-    std_level: Level = "batch"
-    std_unbiased: bool = True
-    eps: float = 1e-5
-    group_size: int = 1
-    per_completion: bool = False
 
 
 def group_index_from_ids(
@@ -117,15 +89,16 @@ def _all_reduce(t: Tensor, process_group: Any) -> Tensor:
     return t
 
 
-def _check_norm(norm: NormLike) -> None:
-    for field in ("mean_level", "std_level"):
-        level = getattr(norm, field)
+def _check_levels(mean_level: Level, std_level: Level, mean_leave1out: bool, eps: float) -> None:
+    """The keyword arguments of a direct `normalize` call (a `NormConfig` was checked at
+    load)."""
+    for field, level in (("mean_level", mean_level), ("std_level", std_level)):
         if level not in _LEVELS:
             raise ValueError(f"{field} must be 'batch', 'group' or null, got {level!r}")
-    if norm.mean_leave1out and norm.mean_level is None:
+    if mean_leave1out and mean_level is None:
         raise ValueError("mean_leave1out=true needs a mean_level ('batch' or 'group')")
-    if not norm.eps >= 0:
-        raise ValueError(f"eps must be >= 0, got {norm.eps!r}")
+    if not eps >= 0:
+        raise ValueError(f"eps must be >= 0, got {eps!r}")
 
 
 @dataclass(frozen=True)
@@ -215,10 +188,7 @@ def normalize(
     `per_completion` makes each completion of a per-token input one element (the mean of its
     valid tokens) instead of each token.
     """
-    spec = NormSpec(
-        mean_level, mean_leave1out, std_level, std_unbiased, eps, group_size or 1, per_completion
-    )
-    _check_norm(spec)
+    _check_levels(mean_level, std_level, mean_leave1out, eps)
     if mask is None:
         mask = torch.ones_like(x, dtype=torch.bool)
     if mask.shape != x.shape:
@@ -290,19 +260,19 @@ def normalize(
 
 def normalize_with(
     x: Tensor,
-    norm: NormLike | None,
+    norm: NormConfig | None,
     mask: Tensor | None = None,
     *,
     group_ids: Sequence[Hashable] | Tensor | None = None,
     cu_seqlens: Tensor | None = None,
     process_group: Any = None,
 ) -> Tensor:
-    """`normalize` driven by a `NormConfig`/`NormSpec`; `None` returns `x` (masked) as is."""
+    """`normalize` driven by a `NormConfig` (`actor.reward_norm` / `actor.adv_norm`,
+    validated at load); `None` returns `x` (masked) as is."""
     if norm is None:
         if mask is None:
             return x.to(torch.float32)
         return torch.where(mask.to(torch.bool), x, 0.0).to(torch.float32)
-    _check_norm(norm)
     return normalize(
         x,
         mask,
@@ -315,13 +285,11 @@ def normalize_with(
         group_size=norm.group_size,
         cu_seqlens=cu_seqlens,
         process_group=process_group,
-        per_completion=bool(getattr(norm, "per_completion", False)),
+        per_completion=norm.per_completion,
     )
 
 
 __all__ = [
-    "NormLike",
-    "NormSpec",
     "check_per_seq",
     "group_index_from_ids",
     "normalize",

@@ -9,27 +9,22 @@ read as the formulas they check.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from torch import Tensor
 
-from services.common.config import PPOActorConfig, PPOCriticConfig, TeacherConfig
+from services.common.config import NormConfig, PPOActorConfig, PPOCriticConfig, TeacherConfig
 from services.common.config.views import ActorLossView, AdvantageView, CriticLossView
 from services.trainer.algorithms.advantages import AdvantageResult, compute_advantages
 from services.trainer.algorithms.losses import critic_loss, ppo_actor_loss
+from services.trainer.algorithms.normalization import Level
 
 _TEACHER_FIELDS = ("rl_loss_weight", "distill_loss_weight")
 
 
 def _actor(fields: dict[str, Any]) -> PPOActorConfig:
-    """`PPOActorConfig(**fields)`; a `NormSpec` (the plain-Python twin of `NormConfig`) is
-    passed as its fields. `loss_agg_norm` is dropped for the modes that do not read it (the
-    schema refuses it there), so one call can sweep every mode."""
-    fields = {
-        k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) and not isinstance(v, type) else v
-        for k, v in fields.items()
-    }
+    """`PPOActorConfig(**fields)`. `loss_agg_norm` is dropped for the modes that do not read
+    it (the schema refuses it there), so one call can sweep every mode."""
     mode = fields.get("loss_agg_mode", PPOActorConfig.model_fields["loss_agg_mode"].default)
     if mode != "seq-mean-token-sum-norm":
         fields.pop("loss_agg_norm", None)
@@ -39,6 +34,13 @@ def _actor(fields: dict[str, Any]) -> PPOActorConfig:
 def _split(kw: dict[str, Any], names: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     settings = {k: v for k, v in kw.items() if k in names}
     return settings, {k: v for k, v in kw.items() if k not in names}
+
+
+def norm(mean_level: Level, mean_leave1out: bool, std_level: Level, **fields: Any) -> NormConfig:
+    """`NormConfig` by AReaL's three leading knobs (the rest: the schema's defaults)."""
+    return NormConfig(
+        mean_level=mean_level, mean_leave1out=mean_leave1out, std_level=std_level, **fields
+    )
 
 
 def loss_view(*, with_teacher: bool = False, **fields: Any) -> ActorLossView:

@@ -7,11 +7,10 @@ import torch
 from torch.testing import assert_close
 
 from services.trainer.algorithms.layout import padded_to_packed
-from services.trainer.algorithms.normalization import NormSpec
 from services.trainer.algorithms.rewards import overlong_penalty, shape_rewards
 from services.trainer.algorithms.stats import check_stat_names
 
-from ._views import advantages_with
+from ._views import advantages_with, norm
 
 
 def _kl_case(estimator: str) -> torch.Tensor:
@@ -197,7 +196,7 @@ def test_mask_no_eos_with_zero_with_grpo_group_norm_follows_areal() -> None:
             loss_mask=mask,
             no_eos=no_eos,
             group_ids=["g0", "g0", "g0", "g0", "g1", "g1"],
-            reward_norm=NormSpec("group", False, "group"),
+            reward_norm=norm("group", False, "group"),
             **option,
         )
 
@@ -242,12 +241,12 @@ def _every_option(**options: object):
         reward_bias=0.5,
         reward_scaling=2.0,
         reward_clip=4.0,
-        reward_norm=NormSpec("group", False, "group"),
+        reward_norm=norm("group", False, "group"),
         kl_ctl=0.2,
         kl_estimator="k3",
         discount=0.9,
         gae_lambda=0.95,
-        adv_norm=NormSpec("batch", False, "batch"),
+        adv_norm=norm("batch", False, "batch"),
         **options,  # type: ignore[arg-type]
     )
 
@@ -304,7 +303,7 @@ def _one_group_of_three(**option: bool):
         loss_mask=torch.ones(3, 2, dtype=torch.bool),
         no_eos=torch.tensor([False, False, True]),
         group_ids=[0, 0, 0],
-        reward_norm=NormSpec("group", False, None),
+        reward_norm=norm("group", False, None),
         **option,
     )
 
@@ -347,7 +346,7 @@ def test_grpo_pipeline_with_unequal_groups_hand_computed() -> None:
         loss_mask=mask,
         no_eos=torch.zeros(5, dtype=torch.bool),
         group_ids=["p1", "p1", "p1", "p2", "p2"],
-        reward_norm=NormSpec("group", False, "group"),
+        reward_norm=norm("group", False, "group"),
     )
     # p1: (1 - 1/3)/sqrt(1/3) = 1.1547005 ; (0 - 1/3)/sqrt(1/3) = -0.5773503 ; p2: 0
     per_seq = torch.tensor([1.1547005, -0.5773503, -0.5773503, 0.0, 0.0])
@@ -367,8 +366,8 @@ def test_reward_norm_counts_every_sequence_and_adv_norm_every_token() -> None:
         loss_mask=mask,
         no_eos=torch.zeros(3, dtype=torch.bool),
         group_ids=[0, 0, 0],
-        reward_norm=NormSpec("group", False, None),
-        adv_norm=NormSpec("batch", False, "batch"),
+        reward_norm=norm("group", False, None),
+        adv_norm=norm("batch", False, "batch"),
     )
     # reward_norm: mean (1 + 0 + 0)/3 = 1/3 -> [2/3, -1/3, -1/3]
     assert_close(res.rewards, torch.tensor([2 / 3, -1 / 3, -1 / 3]), rtol=0, atol=1e-6)
@@ -407,8 +406,8 @@ def test_packed_equals_padded(gen: torch.Generator) -> None:
         discount=0.99,
         gae_lambda="vapo_length_adaptive",
         gae_lambda_kwargs={"alpha": 0.5},
-        reward_norm=NormSpec("group", True, None),
-        adv_norm=NormSpec("batch", False, "batch"),
+        reward_norm=norm("group", True, None),
+        adv_norm=norm("batch", False, "batch"),
     )
     per_token = {
         "loss_mask": mask,

@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 from torch.testing import assert_close
 
 from services.trainer.algorithms.normalization import (
-    NormSpec,
     group_index_from_ids,
     normalize,
     normalize_with,
@@ -26,6 +25,7 @@ from services.trainer.algorithms.normalization import (
 
 from . import _reference as ref
 from ._gloo_norm_worker import batch as gloo_batch
+from ._views import norm
 
 WORKER = Path(__file__).with_name("_gloo_norm_worker.py")
 EPS = 1e-5
@@ -105,7 +105,7 @@ def test_group_statistics_weigh_tokens_by_default() -> None:
     # means [1, 0], baseline 0.5, unbiased std sqrt((0.25+0.25)/1) = 0.7071068
     per_c = normalize_with(
         adv,
-        NormSpec("group", False, "group", True, EPS, per_completion=True),
+        norm("group", False, "group", std_unbiased=True, eps=EPS, per_completion=True),
         mask,
         group_ids=[0, 0],
     )
@@ -358,10 +358,10 @@ def test_packed_equals_padded(gen: torch.Generator) -> None:
     cu = torch.tensor([0, 3, 8, 9, 13])
     packed_x, packed_m = x[valid], mask[valid]
     for spec in (
-        NormSpec("group", True, None),
-        NormSpec("group", False, "group"),
-        NormSpec("batch", False, "batch"),
-        NormSpec("group", True, "group", per_completion=True),
+        norm("group", True, None),
+        norm("group", False, "group"),
+        norm("batch", False, "batch"),
+        norm("group", True, "group", per_completion=True),
     ):
         padded = normalize_with(x, spec, mask, group_ids=[0, 0, 1, 1])
         packed = normalize_with(packed_x, spec, packed_m, group_ids=[0, 0, 1, 1], cu_seqlens=cu)
@@ -377,8 +377,8 @@ def test_group_index_fallback_and_errors() -> None:
         group_index_from_ids([1, 2, 3], 2)
     with pytest.raises(ValueError, match="mean_leave1out=true needs a mean_level"):
         normalize(torch.ones(3), mean_level=None, mean_leave1out=True)
-    with pytest.raises(ValueError, match="mean_level must be"):
-        normalize_with(torch.ones(3), NormSpec(mean_level="prompt"))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="mean_level"):  # refused at load
+        norm(mean_level="prompt", mean_leave1out=False, std_level="batch")  # type: ignore[arg-type]
 
 
 def test_norm_config_drives_normalize_with() -> None:
