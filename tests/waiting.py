@@ -3,7 +3,8 @@
 `until` / `until_sync` poll a predicate and return as soon as it holds, failing with `what`
 when the deadline passes first. `still_pending` / `still_pending_sync` hold a fault for a
 given time while watching the calls it should not end: they return the moment one of the
-calls finishes (so the test fails then, naming it) instead of sleeping and looking once.
+calls finishes (so the test fails then, naming it) instead of sleeping and looking once;
+`holds` does the same for a condition that must stay true.
 """
 
 from __future__ import annotations
@@ -35,6 +36,16 @@ def until_sync(cond: Callable[[], bool], what: str, timeout: float = 60.0) -> No
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(POLL_S)
+
+
+async def holds(cond: Callable[[], bool], what: str, hold_s: float) -> None:
+    """Assert that `cond()` stays true for `hold_s` seconds (an outage the test keeps up for
+    that long), failing the moment it is false."""
+    deadline = time.monotonic() + hold_s
+    while time.monotonic() < deadline:
+        assert cond(), f"no longer true during the outage: {what}"
+        await asyncio.sleep(POLL_S)
+    assert cond(), f"no longer true at the end of the outage: {what}"
 
 
 async def still_pending(*calls: asyncio.Future, hold_s: float) -> None:
