@@ -32,6 +32,7 @@ import urllib.request
 from collections import defaultdict
 from pathlib import Path
 
+import grpc
 import numpy as np
 import yaml
 
@@ -93,6 +94,8 @@ class Fleet:
         self.admitted_tokens = 0
         self.results: dict[str, int] = defaultdict(int)
         self.deaths = 0
+        self.seq = [0] * args.replicas
+        self.errors: dict[str, int] = defaultdict(int)
         self.starved_s = 0.0
         self.trainer_s = 0.0
         self.staleness_violations = 0
@@ -107,6 +110,16 @@ class Fleet:
             self.lat[name].append(time.perf_counter() - t0)
 
     async def replica(self, i: int) -> None:
+        """One replica; an RPC that fails past the client's retries is counted, and the
+        replica starts over as a restarted one would."""
+        while not self.stop.is_set():
+            try:
+                await self._replica(i)
+            except grpc.RpcError as err:
+                self.errors[err.code().name] += 1
+                await asyncio.sleep(1.0)
+
+    async def _replica(self, i: int) -> None:
         m, a = self.model, self.args
         client = self.clients[i // a.replicas_per_channel]
         rng = np.random.default_rng(a.seed * 100_003 + i)
@@ -114,7 +127,6 @@ class Fleet:
         serving = 0
         self.adopted[i][0] = time.monotonic()
         updating: asyncio.Task | None = None
-        seq = 0
 
         async def adopt(v: int) -> None:
             nonlocal serving
@@ -146,7 +158,8 @@ class Fleet:
                 if rng.random() < 0.5:  # a restarted replica releases what it held
                     await self.timed("release", client.release([], rollout_id=rid_name))
                 continue  # the other half's reservations expire
-            seq += 1
+            self.seq[i] += 1
+            seq = self.seq[i]
             tokens = int(lengths.sum())
             self.offered_groups += 1
             self.offered_tokens += tokens
@@ -347,6 +360,7 @@ async def run_point(args: argparse.Namespace) -> dict:
             for name in ("reserve", "put", "claim", "ack", "set_version")
             for q in (50, 99)
         },
+        "calls_per_wall_s": {k: round(len(v) / elapsed, 1) for k, v in fleet.lat.items()},
         "buffer_cpu_s_per_1000_groups": round(buffer_cpu / k, 3),
         "redis_cpu_s_per_1000_groups": round(redis_cpu / k, 3),
         "redis_used_memory_bytes": int(mem),
@@ -364,6 +378,7 @@ async def run_point(args: argparse.Namespace) -> dict:
         ),
         "setversion_to_all_replicas_s_max": round(max(fan) * model.time_scale, 1) if fan else None,
         "replica_deaths": fleet.deaths,
+        "replica_rpc_errors": dict(fleet.errors),
         "faults": faults,
         "buffer_metrics_series": series,
     }
