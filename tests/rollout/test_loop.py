@@ -17,7 +17,7 @@ from services.rollout.engine.torch_engine import TorchEngine
 from services.rollout.loop import RolloutLoop
 from services.rollout.metrics import RolloutMetrics
 from services.rollout.workflows.base import RewardServiceScorer, load_workflow
-from tests.waiting import holds
+from tests.waiting import holds, until
 
 # --------------------------------------------------------------- unit: scripted buffer
 
@@ -241,11 +241,13 @@ async def test_pause_stops_new_groups_until_resume(engine: TorchEngine) -> None:
     )
     await loop.pause()
     loop.start()
-    await asyncio.sleep(0.05)
-    assert loop.stats.groups_started == 0 and engine.paused
+
+    def paused() -> bool:
+        return loop.stats.groups_started == 0 and engine.paused
+
+    await holds(paused, "no group starts while paused", hold_s=0.05)
     await loop.resume()
-    while loop.stats.groups_produced < 2:
-        await asyncio.sleep(0.005)
+    await until(lambda: loop.stats.groups_produced >= 2, "two groups after resume", 60)
     await loop.drain(timeout=10)
     assert loop.groups_in_flight == 0 and loop.draining
 
