@@ -27,7 +27,7 @@ from typing import Any
 
 from services.common.config import FlywheelConfig
 from services.common.redis_server import RedisServer
-from services.launcher import assets
+from services.launcher import assets, run_summary
 from services.launcher.evaluation import EvalResult, evaluate, resume_step
 from services.launcher.metrics_log import MetricsTail
 from services.launcher.processes import (
@@ -39,22 +39,13 @@ from services.launcher.processes import (
     wait_until_serving,
 )
 from services.launcher.report import (
-    check_invariants,
-    flywheel_series,
-    ledger_summary,
     scrape_metrics,
-    write_learning_curve,
 )
+from services.launcher.restarts import GaveUp, RestartLog, say
 from services.launcher.starvation import Snapshot, as_record, diagnose
 from services.rollout.data.datasets import read_rows
 from services.trainer.lifecycle import write_json_atomic
 from services.trainer.paths import RunPaths
-
-
-def _say(msg: str) -> None:
-    sys.stderr.write(f"[flywheel] {msg}\n")
-    sys.stderr.flush()
-
 
 REDIS = "redis-server"
 """Name of the local Redis in restart records, `pids.json` and messages."""
@@ -69,33 +60,6 @@ class _Spec:
     address: str
     cpus: list[int] | None
     may_finish: bool
-
-
-@dataclass
-class Restart:
-    """One death and restart of a service, as `summary.json` and `restarts.jsonl` list it."""
-
-    service: str
-    exit: str
-    """How it ended: `exit code N` or `signal NAME`."""
-    exit_code: int | None
-    """The process's return code (negative: killed by that signal)."""
-    died_at: float
-    """Wall-clock time the launcher saw it dead (within a second of the death)."""
-    backoff_seconds: float
-    """Wait before the new process was started."""
-    restarted_at: float | None = None
-    """Wall-clock time the new process was SERVING again (null: the restart failed)."""
-    downtime_seconds: float | None = None
-    """`restarted_at - died_at`."""
-    attempt: int = 0
-    """Restarts of this service within the window, this one included."""
-    pid: int | None = None
-    """Pid of the new process."""
-    error: str | None = None
-    """Why the restart failed, when it did."""
-    reason: str | None = None
-    """Why the launcher killed it, when it did (no answer to health checks)."""
 
 
 class LocalRun:
@@ -114,8 +78,6 @@ class LocalRun:
         self._stop = threading.Event()
         self.specs: dict[str, _Spec] = {}
         self.liveness: dict[str, Liveness] = {}
-        self._killed_because: dict[str, str] = {}
-        self.restarts: list[Restart] = []
         lc = cfg.launcher
         self.budget = RestartBudget(
             lc.max_restarts,
@@ -123,19 +85,24 @@ class LocalRun:
             lc.restart_backoff_seconds,
             lc.restart_backoff_max_seconds,
         )
+        self.restart_log = RestartLog(
+            self.budget, self.run_dir, lc.max_restarts, lc.restart_window_seconds
+        )
+        self.restarts = self.restart_log.records  # the same list
+        self._killed_because = self.restart_log.killed_because  # the same dict
         self._last_progress_line = 0.0
         self.start_time = time.time()
 
     # ---- preparation -------------------------------------------------------------------
     def prepare(self) -> Path:
         if assets.reset_if_finished(self.run_dir):
-            _say(f"previous run in {self.run_dir} had finished: starting fresh")
+            say(f"previous run in {self.run_dir} had finished: starting fresh")
             for name in ("restarts.jsonl", "starvation.json"):  # the supervisor's records
                 (self.run_dir / name).unlink(missing_ok=True)
         elif (self.run_dir / "redis").is_dir() or self.trainer_paths.metrics_jsonl.exists():
             # Said out loud: the buffer's groups and versions carry over, so a user who
             # meant a fresh run sees why the versions do not start at 0.
-            _say(
+            say(
                 f"previous run in {self.run_dir} did not finish: resuming it "
                 f"(trainer.recover: {self.cfg.trainer.recover}; the buffer's groups and "
                 "versions carry over; the trainer starts from its newest checkpoint, or "
@@ -145,7 +112,7 @@ class LocalRun:
         # Only this run's trainer may vouch for its metrics (see finish()).
         self.trainer_paths.metrics_textfile.unlink(missing_ok=True)
         assets.prepare_data(self.cfg, self.run_dir)
-        assets.prepare_model(self.cfg, self.run_dir, log=_say)
+        assets.prepare_model(self.cfg, self.run_dir, log=say)
         if not self.cfg.buffer.redis_url:
             # Before the services' ports are picked: Redis binds its port now, so no
             # service port can be the same one.
@@ -155,7 +122,7 @@ class LocalRun:
                 binary=self.cfg.buffer.redis_server,
             ).start()
             self.cfg.buffer.redis_url = f"redis://127.0.0.1:{self.redis.port}/0"
-            _say(f"redis-server on port {self.redis.port} (AOF in {self.run_dir / 'redis'})")
+            say(f"redis-server on port {self.redis.port} (AOF in {self.run_dir / 'redis'})")
         assets.assign_ports(self.cfg)
         assets.resolve_run_paths(self.cfg, self.run_dir)
         path = assets.write_resolved_config(self.cfg, self.run_dir)
@@ -220,13 +187,13 @@ class LocalRun:
         if wait_until_serving(
             proc, address, self.cfg.launcher.startup_timeout, may_finish=may_finish
         ):
-            _say(f"{name} is SERVING on {address} (pid {proc.pid})")
+            say(f"{name} is SERVING on {address} (pid {proc.pid})")
             if self.cfg.launcher.liveness_timeout_seconds is not None:
                 self.liveness[name] = Liveness(address, self.cfg.launcher.liveness_timeout_seconds)
             if may_finish:  # at once: a short-lived job may be gone by the next scrape
                 self._scrape()
         else:
-            _say(f"{name} finished (exit 0) before its first health check (pid {proc.pid})")
+            say(f"{name} finished (exit 0) before its first health check (pid {proc.pid})")
         return proc
 
     def _write_pids(self) -> None:
@@ -266,7 +233,7 @@ class LocalRun:
         for proc in reversed(self.procs):
             code = proc.stop()
             if code not in (0, None, -signal.SIGTERM):
-                _say(f"{proc.name} exited with {code} on stop")
+                say(f"{proc.name} exited with {code} on stop")
         if self.redis is not None:
             self.redis.stop()
         for probe in self.liveness.values():
@@ -310,7 +277,7 @@ class LocalRun:
             if result.version_min == result.version
             else f"versions {result.version_min}-{result.version}"
         )
-        _say(
+        say(
             f"eval at step {step} ({seen}): accuracy {result.accuracy:.3f} "
             f"over {result.n} held-out prompts"
         )
@@ -320,7 +287,7 @@ class LocalRun:
     def execute(self) -> int:
         try:
             config_path = self.prepare()
-            _say(f"run directory {self.run_dir}")
+            say(f"run directory {self.run_dir}")
             self.start_services(config_path)
             resumed = resume_step(self.cfg, self.trainer_paths)
             if resumed is None:
@@ -340,10 +307,10 @@ class LocalRun:
             summary = self.finish()
             return 0 if summary["invariants_ok"] else 1
         except (ServiceFailed, RedisFailed) as err:
-            _say(f"FAILED: {err}")
+            say(f"FAILED: {err}")
             return 1
         except KeyboardInterrupt:
-            _say("interrupted: stopping services")
+            say("interrupted: stopping services")
             return 130
         finally:
             self.stop_all()
@@ -375,7 +342,7 @@ class LocalRun:
                 try:
                     self.evaluate(step)
                 except RuntimeError as err:  # a replica or reward restarting: next one counts
-                    _say(f"eval at step {step} skipped: {err}")
+                    say(f"eval at step {step} skipped: {err}")
                 while next_eval <= step:
                     next_eval += freq
             if time.monotonic() - last_scrape > 5.0:
@@ -392,7 +359,7 @@ class LocalRun:
                 if self.cfg.launcher.progress:
                     sys.stderr.write("\n")
                 if total and self.last_step < total:
-                    _say(f"trainer stopped (exit 0) at step {self.last_step} of {total}")
+                    say(f"trainer stopped (exit 0) at step {self.last_step} of {total}")
                 return 0
             self._watch_starvation(trainer)
             if time.monotonic() - last_probe >= self.cfg.launcher.liveness_period_seconds:
@@ -432,7 +399,7 @@ class LocalRun:
             self.run_dir / "starvation.json", as_record(self._starve_before, now, verdict)
         )
         self._starve_before = now
-        _say(
+        say(
             f"starving: no training step for {waited:.0f}s: {verdict['stage']} "
             f"({verdict['detail']})"
         )
@@ -506,51 +473,9 @@ class LocalRun:
                     f"no answer to its health check for {probe.silent_for():.0f}s "
                     f"(launcher.liveness_timeout_seconds={probe.timeout_s:g})"
                 )
-                _say(f"{proc.name} (pid {proc.pid}) gave {why}: killing it")
+                say(f"{proc.name} (pid {proc.pid}) gave {why}: killing it")
                 self._killed_because[proc.name] = why
                 proc.kill()
-
-    def _died(self, name: str, code: int | None) -> Restart:
-        """Record a death and wait out its back-off; a spent budget ends the run."""
-        died_at = time.time()
-        limit, window = self.cfg.launcher.max_restarts, self.cfg.launcher.restart_window_seconds
-        delay = self.budget.next_delay(name)
-        if delay is None:
-            raise _GaveUp(
-                f"{name} died ({describe_exit(code)}) after {self.budget.recent(name)} "
-                f"restarts within {window:.0f}s (launcher.max_restarts={limit})"
-            )
-        attempt = self.budget.record(name)
-        _say(
-            f"{name} died ({describe_exit(code)}): restarting in {delay:.1f}s "
-            f"({attempt}/{limit} within {window:.0f}s)"
-        )
-        record = Restart(
-            name,
-            describe_exit(code),
-            code,
-            died_at,
-            delay,
-            attempt=attempt,
-            reason=self._killed_because.pop(name, None),
-        )
-        time.sleep(delay)
-        return record
-
-    def _restarted(self, record: Restart, pid: int | None) -> None:
-        record.restarted_at = time.time()
-        record.downtime_seconds = round(record.restarted_at - record.died_at, 3)
-        record.pid = pid
-        _say(
-            f"{record.service} is back after {record.downtime_seconds:.1f}s down "
-            f"(pid {pid}, restart {record.attempt})"
-        )
-        self._log_restart(record)
-
-    def _log_restart(self, record: Restart) -> None:
-        self.restarts.append(record)
-        with open(self.run_dir / "restarts.jsonl", "a") as fh:
-            fh.write(json.dumps(asdict(record)) + "\n")
 
     def _restart(self, proc: ServiceProcess) -> None:
         """Start a dead service again the way it was first started. Its state is safe: the
@@ -568,8 +493,8 @@ class LocalRun:
                 "(set trainer.recover=auto to resume from its last checkpoint)",
             )
         try:
-            record = self._died(proc.name, code)
-        except _GaveUp as err:
+            record = self.restart_log.died(proc.name, code)
+        except GaveUp as err:
             raise ServiceFailed(proc, str(err).removeprefix(f"{proc.name} ")) from None
         spec = self.specs[proc.name]
         try:
@@ -583,12 +508,10 @@ class LocalRun:
                 may_finish=spec.may_finish,
             )
         except ServiceFailed as err:
-            record.error = str(err).splitlines()[0]
-            _say(f"restart of {proc.name} failed: {record.error}")
-            self._log_restart(record)
+            self.restart_log.failed(record, str(err))
             err.proc.kill()  # never healthy: the next round counts it as another death
             return
-        self._restarted(record, new.pid)
+        self.restart_log.restarted(record, new.pid)
 
     def _restart_redis(self) -> None:
         """The local redis-server is started again on its port and directory: it replays
@@ -597,21 +520,19 @@ class LocalRun:
         assert self.redis is not None and self.redis.proc is not None
         code = self.redis.proc.wait()
         try:
-            record = self._died(REDIS, code)
-        except _GaveUp as err:
+            record = self.restart_log.died(REDIS, code)
+        except GaveUp as err:
             raise RedisFailed(f"{err}; redis log:\n{self.redis.exit_reason()}") from None
         try:
             self.redis.start(timeout=self.cfg.launcher.startup_timeout)
         except (RuntimeError, TimeoutError) as err:
-            record.error = str(err).splitlines()[0]
-            _say(f"restart of {REDIS} failed: {record.error}")
-            self._log_restart(record)
+            self.restart_log.failed(record, str(err))
             if self.redis.proc is not None and self.redis.proc.poll() is None:
                 self.redis.proc.kill()  # up but never answered: the next round retries
                 self.redis.proc.wait()
             return
         self._write_pids()
-        self._restarted(record, self.redis.proc.pid if self.redis.proc else None)
+        self.restart_log.restarted(record, self.redis.proc.pid if self.redis.proc else None)
 
     def _scrape(self) -> None:
         """Keep, per service, the series of its latest successful scrape."""
@@ -649,82 +570,19 @@ class LocalRun:
         sys.stderr.flush()
 
     def finish(self) -> dict[str, Any]:
-        records = self.tail.records
-        eta = self.cfg.rollout.max_head_offpolicyness
-        buffer_stats = self._buffer_stats()
-        from_textfile = []
-        textfile = self.trainer_paths.metrics_textfile
-        if not self.scraped.get("trainer") and textfile.is_file():
-            # A trainer quick enough to finish between two scrapes leaves its series here.
-            self.scraped["trainer"] = flywheel_series(textfile.read_text(), "trainer")
-            from_textfile.append("trainer")
-        invariants = check_invariants(
-            records,
-            eta,
-            buffer_stats,
-            self.scraped,
-            n_rollout=self.cfg.rollout.n_replicas,
-            from_textfile=from_textfile,
-        )
-        initial = self.evals[0]["accuracy"] if self.evals else None
-        final = self.evals[-1]["accuracy"] if self.evals else None
-        summary = {
-            "initial_eval_accuracy": initial,
-            "final_eval_accuracy": final,
-            "steps": self.last_step,
-            "wall_seconds": round(time.time() - self.start_time, 1),
-            "max_staleness_seen": max((r.get("staleness_max", 0) for r in records), default=0),
-            "eta": eta,
-            "invariants_ok": all(v["ok"] for v in invariants.values()),
-            "invariants": invariants,
-            "final_task_reward": records[-1].get("task_reward") if records else None,
-            "samples": sum(r.get("samples", 0) for r in records),
-            "evals": self.evals,
-            "buffer": buffer_stats,
-            "ledger": ledger_summary(self.trainer_paths.run_dir, buffer_stats),
-            "restarts_total": len(self.restarts),
-            "restarts": [asdict(r) for r in self.restarts],
-        }
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-        write_learning_curve(self.run_dir / "learning_curve.png", records, self.evals)
-        _say(
-            f"done: {summary['steps']} steps in {summary['wall_seconds']:.0f}s; held-out accuracy "
-            f"{initial} -> {final}; max staleness {summary['max_staleness_seen']} (eta {eta}); "
-            f"invariants {'OK' if summary['invariants_ok'] else 'VIOLATED'}"
-        )
-        ledger = summary["ledger"]
-        if ledger.get("acked_lost_with_crash") or not ledger["ok"]:
-            _say(
-                f"  ledger: {ledger['trainer_acked']} groups in the trained weights + "
-                f"{ledger['acked_lost_with_crash']} acknowledged by trainers that died after "
-                f"their checkpoint = {ledger['buffer_acked']} acknowledged by the buffer "
-                f"({'ok' if ledger['ok'] else 'MISMATCH'})"
-            )
-        for r in self.restarts:
-            down = "never came back" if r.downtime_seconds is None else f"{r.downtime_seconds}s"
-            _say(f"  restart: {r.service} ({r.exit}), down {down}")
-        for name, res in invariants.items():
-            _say(f"  invariant {name}: {'ok' if res['ok'] else 'VIOLATED'} - {res['detail']}")
-        _say(
-            f"summary: {self.run_dir / 'summary.json'}; curve: {self.run_dir / 'learning_curve.png'}"
-        )
-        return summary
-
-    def _buffer_stats(self) -> dict[str, Any]:
-        from google.protobuf.json_format import MessageToDict
-
-        from flywheel_proto.v1 import buffer_pb2_grpc, common_pb2
-        from services.common.grpc_client import make_sync_channel
-
         s = self.cfg.services
-        ch = make_sync_channel(s.buffer.address, auth_token=self.secrets.launcher_token)
-        try:
-            stats = buffer_pb2_grpc.BufferServiceStub(ch).Stats(common_pb2.Empty(), timeout=10)
-            return MessageToDict(
-                stats, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-            )
-        finally:
-            ch.close()
+        return run_summary.write(
+            self.cfg,
+            self.run_dir,
+            records=self.tail.records,
+            evals=self.evals,
+            scraped=self.scraped,
+            trainer_paths=self.trainer_paths,
+            buffer_stats=run_summary.buffer_stats(s.buffer.address, self.secrets.launcher_token),
+            restarts=[asdict(r) for r in self.restarts],
+            steps=self.last_step,
+            wall_seconds=round(time.time() - self.start_time, 1),
+        )
 
 
 def run(
@@ -740,10 +598,6 @@ def run(
         return LocalRun(cfg).execute()
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-class _GaveUp(RuntimeError):
-    """A service's restart budget is spent."""
 
 
 class RedisFailed(RuntimeError):

@@ -118,6 +118,7 @@ def test_a_launched_run_keeps_secrets_off_argv_and_disk_and_rollout_cannot_set_v
     """The local launcher starts redis-server, buffer, reward, a rollout replica and the
     trainer as in `flywheel run`, the operator's token in the config file and the Redis
     password in the launcher's environment."""
+    from services.launcher import run_summary
     from services.launcher.local import LocalRun
 
     monkeypatch.setenv("FLYWHEEL_REDIS_PASSWORD", REDIS_PASSWORD)
@@ -161,7 +162,9 @@ def test_a_launched_run_keeps_secrets_off_argv_and_disk_and_rollout_cannot_set_v
         assert _code(address, run.secrets.launcher_token, "SetVersion") == denied
         assert _code(address, OPERATOR_TOKEN, "Stats") == grpc.StatusCode.OK  # admin
         assert _code(address, None, "Stats") == grpc.StatusCode.UNAUTHENTICATED
-        assert run._buffer_stats()["invariant_ok"]  # the launcher's own clients still work
+        # The launcher's own clients still work.
+        stats = run_summary.buffer_stats(address, run.secrets.launcher_token)
+        assert stats["invariant_ok"]
     finally:
         run.stop_all()
 
