@@ -59,16 +59,18 @@ class PutManyResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[PutResponse, _Mapping]]] = ...) -> None: ...
 
 class ReserveCapacityRequest(_message.Message):
-    __slots__ = ("request_id", "rollout_id", "count", "served_version")
+    __slots__ = ("request_id", "rollout_id", "count", "served_version", "wait_ms")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ROLLOUT_ID_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     SERVED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     rollout_id: str
     count: int
     served_version: int
-    def __init__(self, request_id: _Optional[str] = ..., rollout_id: _Optional[str] = ..., count: _Optional[int] = ..., served_version: _Optional[int] = ...) -> None: ...
+    wait_ms: int
+    def __init__(self, request_id: _Optional[str] = ..., rollout_id: _Optional[str] = ..., count: _Optional[int] = ..., served_version: _Optional[int] = ..., wait_ms: _Optional[int] = ...) -> None: ...
 
 class ReserveCapacityResponse(_message.Message):
     __slots__ = ("reservation_ids", "version", "capacity", "retry_after_ms")

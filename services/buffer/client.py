@@ -292,17 +292,22 @@ class BufferClient(RetryingClient):
         rollout_id: str = "",
         request_id: str | None = None,
         served_version: int | None = None,
+        wait_ms: int = 0,
     ) -> Reservation:
         """Ask for capacity for `count` groups; may grant fewer, possibly none.
         `served_version`: the version the asking replica serves (capacity then counts from
-        the older of it and the buffer's version)."""
+        the older of it and the buffer's version). `wait_ms`: with nothing to grant now, the
+        buffer holds the call up to this long and grants as soon as capacity frees."""
         req = buffer_pb2.ReserveCapacityRequest(
             request_id=self._rid(request_id),
             rollout_id=rollout_id,
             count=count,
             served_version=served_version,
+            wait_ms=wait_ms,
         )
-        r = await self._call(self.stub.ReserveCapacity, req)
+        r = await self._call(
+            self.stub.ReserveCapacity, req, timeout=self.timeout + wait_ms / 1000.0
+        )
         return Reservation(list(r.reservation_ids), r.version, r.capacity, r.retry_after_ms)
 
     async def release(

@@ -402,7 +402,11 @@ for i = 1, grant do
   table.insert(ids, id)
   table.insert(out, id)
 end
-if rid ~= '' then redis.call('SET', rqkey('reserve', rid), table.concat(ids, '\n'), 'EX', rq_ttl) end
+-- Only a grant is remembered: an empty answer changed nothing, so asking again under the
+-- same id (a held reserve, a retried call) must look at the capacity afresh.
+if rid ~= '' and grant > 0 then
+  redis.call('SET', rqkey('reserve', rid), table.concat(ids, '\n'), 'EX', rq_ttl)
+end
 return out
 """
 )

@@ -136,6 +136,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
             group_filter=group_filter,
         )
         self._arrivals = asyncio.Condition()
+        self._capacity_freed = asyncio.Condition()
         self._max_put_seen = 0
         self.lost_puts_detected = 0  # by this process; Stats reports the total kept in Redis
         self._lost_unsaved = 0  # detected, not yet added to Redis's count (it failed again)
@@ -152,6 +153,17 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
     async def _wait_arrival(self, timeout: float) -> None:
         async with self._arrivals:
             await wait_condition(self._arrivals, timeout)
+
+    async def _notify_capacity(self) -> None:
+        """Something that can raise the rollout's capacity happened through this replica: a
+        claim (the queue term), a version bump (the staleness term), a release, a group
+        dropped. Admitted puts and acks leave capacity as it was and wake nobody."""
+        async with self._capacity_freed:
+            self._capacity_freed.notify_all()
+
+    async def _wait_capacity(self, timeout: float) -> None:
+        async with self._capacity_freed:
+            await wait_condition(self._capacity_freed, timeout)
 
     def _refuse_in_replay(self, what: str) -> None:
         if self.settings.replay:
@@ -255,6 +267,8 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
                 self.cache.add(item.group_id, outcome.member, item.payload)
         if any(o.result == "admitted" for o in outcomes):
             await self._notify_arrival()
+        if any(o.result in ("stale", "filtered") for o in outcomes):
+            await self._notify_capacity()  # their reservations were given back
         return outcomes
 
     # -- capacity ------------------------------------------------------------------------
@@ -269,17 +283,29 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         )
         served = request.served_version if request.HasField("served_version") else None
         require(served is None or served >= 0, "served_version", "must be >= 0")
-        out = await self.store.reserve(
-            count=request.count,
-            rollout_id=request.rollout_id or "rollout",
-            request_id=request.request_id,
-            served_version=served,
-        )
+        require(0 <= request.wait_ms <= MAX_WAIT_MS, "wait_ms", f"must be in [0, {MAX_WAIT_MS}]")
+        deadline = time.monotonic() + request.wait_ms / 1000.0
+        # Capacity freed through another buffer replica sends no notice here: look again
+        # every retry_after_ms while held, as a polling client would have.
+        recheck = self.settings.retry_after_ms / 1000.0
+        while True:
+            out = await self.store.reserve(
+                count=request.count,
+                rollout_id=request.rollout_id or "rollout",
+                request_id=request.request_id,
+                served_version=served,
+            )
+            left = deadline - time.monotonic()
+            if out.reservation_ids or request.count == 0 or left <= 0:
+                break
+            await self._wait_capacity(min(recheck, left))
         return buffer_pb2.ReserveCapacityResponse(
             reservation_ids=out.reservation_ids,
             version=out.version,
             capacity=out.capacity,
-            retry_after_ms=0 if out.reservation_ids else self.settings.retry_after_ms,
+            retry_after_ms=0
+            if out.reservation_ids or request.wait_ms
+            else self.settings.retry_after_ms,
         )
 
     @_rpc
@@ -292,8 +318,11 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         if not ids and request.rollout_id:
             require("#" not in request.rollout_id, "rollout_id", "no '#' in a rollout_id")
             released = await self.store.release_rollout(request.rollout_id)
-            return buffer_pb2.ReleaseCapacityResponse(released=released)
-        return buffer_pb2.ReleaseCapacityResponse(released=await self.store.release(ids))
+        else:
+            released = await self.store.release(ids)
+        if released:
+            await self._notify_capacity()
+        return buffer_pb2.ReleaseCapacityResponse(released=released)
 
     @_rpc
     async def GetCapacity(
@@ -369,6 +398,8 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
                     served = []
                 break
             await self._wait_arrival(max(0.0, min(poll, deadline - time.monotonic())))
+        if served or dropped_stale:
+            await self._notify_capacity()  # the queue term, or stale groups left `accepted`
         payloads: list[bytes | memoryview] = []
         for g in served:
             self.metrics.served_staleness.observe(max(0, version - g.oldest_version))
@@ -412,6 +443,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         if reject:
             self.cache.discard(reject)
             await self.store.drop_claimed(reject, "filtered")
+            await self._notify_capacity()  # dropped groups leave `accepted`
         return keep
 
     @_rpc
@@ -436,6 +468,8 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
             raise BoundsRefusal("version", why)
         ok, current = await self.store.set_version(request.version, request.request_id)
         self.admission.note_version(current)
+        if ok:
+            await self._notify_capacity()
         if not ok:
             raise RpcFailure(
                 grpc.StatusCode.FAILED_PRECONDITION,

@@ -44,6 +44,32 @@ from services.rollout.metrics import RolloutMetrics
 
 log = logging.getLogger(__name__)
 
+RESERVE_WAIT_MS = 2000
+"""How long the buffer may hold a reservation call with nothing to grant: the next groups
+start the moment the trainer takes a batch or moves the version, not at the next poll."""
+
+
+class EpisodeSlots:
+    """Free episode slots of one replica (`max_concurrent_rollouts`): taken all at once,
+    so one reservation call asks for every free slot, and given back one by one as
+    episodes end."""
+
+    def __init__(self, n: int) -> None:
+        self.free = n
+        self._freed = asyncio.Event()
+
+    async def take_all(self) -> int:
+        """Wait for at least one free slot, then take every free one."""
+        while self.free == 0:
+            self._freed.clear()
+            await self._freed.wait()
+        n, self.free = self.free, 0
+        return n
+
+    def give(self, n: int = 1) -> None:
+        self.free += n
+        self._freed.set()
+
 
 @dataclass
 class LoopStats:
@@ -73,6 +99,7 @@ class RolloutLoop:
         max_head_offpolicyness: int | None = None,
         catch_up: Callable[[], Awaitable[bool]] | None = None,
         on_behind: Callable[[bool], None] | None = None,
+        reserve_wait_ms: int = RESERVE_WAIT_MS,
     ) -> None:
         if max_concurrent < 1:
             raise ValueError(f"max_concurrent_rollouts={max_concurrent}: must be >= 1")
@@ -82,6 +109,7 @@ class RolloutLoop:
         self.buffer = buffer
         self.rollout_id = rollout_id
         self.max_concurrent = max_concurrent
+        self.reserve_wait_ms = reserve_wait_ms
         self.request_timeout = request_timeout
         self.put_retries = put_retries
         self.max_head_offpolicyness = max_head_offpolicyness
@@ -93,7 +121,7 @@ class RolloutLoop:
         self.check_trajectory_format = check_trajectory_format
         self.stats = LoopStats()
         self._sleep = sleep
-        self._slots = asyncio.Semaphore(max_concurrent)
+        self._slots = EpisodeSlots(max_concurrent)
         self._running = asyncio.Event()
         self._running.set()
         self._draining = False
@@ -166,49 +194,63 @@ class RolloutLoop:
 
     async def run(self) -> None:
         await self.release_stale_reservations()
-        while not self._draining:
-            await self._running.wait()
-            if self._draining:
-                break
-            await self._slots.acquire()
-            if self._draining:
-                self._slots.release()
-                break
-            # A reserve that failed is asked again under its request id: if the buffer had
-            # granted it before the answer was lost, it hands back those ids, not new ones.
-            self._reserve_rid = self._reserve_rid or f"reserve-{uuid.uuid4().hex}"
-            try:
-                served = getattr(self.engine, "version", None)
-                reservation = await self.buffer.reserve(
-                    1,
-                    rollout_id=self.rollout_id,
-                    request_id=self._reserve_rid,
-                    served_version=served if isinstance(served, int) else None,
-                )
-            except asyncio.CancelledError:
-                self._slots.release()
-                raise
-            except Exception as exc:  # noqa: BLE001 - buffer down: back off and retry
-                self._slots.release()
-                log.warning("capacity reservation failed", extra={"error": str(exc)})
-                await self._wait(1.0)
-                continue
-            self._reserve_rid = None
-            await self._maybe_catch_up(reservation.version)
-            if not reservation.reservation_ids:
-                self._slots.release()
-                await self._wait(max(reservation.retry_after_ms, 10) / 1000.0)
-                continue
-            if self._draining or not self._running.is_set():
-                await self._release(reservation.reservation_ids)
-                self._slots.release()
-                continue
+        held = 0  # slots held for the reservation being asked for
+        try:
+            while not self._draining:
+                await self._running.wait()
+                if self._draining:
+                    break
+                if held == 0:
+                    held = await self._slots.take_all()
+                    if self._draining:
+                        break
+                held = await self._reserve_and_start(held)
+        finally:
+            self._slots.give(held)
+
+    async def _reserve_and_start(self, held: int) -> int:
+        """Reserve for `held` groups and start one episode per granted id; returns the slots
+        still held (all of them after a failed call, kept for its retry)."""
+        # A reserve that failed is asked again under its request id and for as many groups:
+        # if the buffer had granted it before the answer was lost, it hands back those ids.
+        self._reserve_rid = self._reserve_rid or f"reserve-{uuid.uuid4().hex}"
+        try:
+            served = getattr(self.engine, "version", None)
+            reservation = await self.buffer.reserve(
+                held,
+                rollout_id=self.rollout_id,
+                request_id=self._reserve_rid,
+                served_version=served if isinstance(served, int) else None,
+                wait_ms=self.reserve_wait_ms,
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - buffer down: back off and retry
+            log.warning("capacity reservation failed", extra={"error": str(exc)})
+            await self._wait(1.0)
+            return held
+        self._reserve_rid = None
+        await self._maybe_catch_up(reservation.version)
+        granted = list(reservation.reservation_ids)
+        if len(granted) > held:  # not expected: a retried call asks for as many as before
+            await self._release(granted[held:])
+            granted = granted[:held]
+        if self._draining or not self._running.is_set():
+            if granted:
+                await self._release(granted)
+            granted = []
+        for reservation_id in granted:
             row = self.dataset.next()
             self.stats.groups_started += 1
-            task = asyncio.create_task(self._episode(row.as_data(), reservation.reservation_ids[0]))
+            task = asyncio.create_task(self._episode(row.as_data(), reservation_id))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-            self._set_gauges()
+        self._slots.give(held - len(granted))
+        self._set_gauges()
+        if not granted and not self._draining and self._running.is_set():
+            # A buffer that held the call answers retry_after_ms 0: ask again at once.
+            await self._wait(max(reservation.retry_after_ms, 10) / 1000.0)
+        return 0
 
     async def _maybe_catch_up(self, buffer_version: int) -> None:
         """More than η behind the buffer: what we generate now would be dropped as stale,
@@ -335,7 +377,7 @@ class RolloutLoop:
                     self.metrics.observe_completion(t.stop_reason)
             await self._put(group)
         finally:
-            self._slots.release()
+            self._slots.give()
             self._set_gauges()
 
     def _stamp(self, group: TrajectoryGroup, group_id: str, reservation_id: str) -> None:

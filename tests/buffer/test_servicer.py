@@ -233,6 +233,32 @@ async def test_reserve_and_release_over_grpc(make_buffer) -> None:
     assert (c.capacity, c.running, c.accepted) == (1, 0, 1)  # min(3, 2 - 1)
 
 
+async def test_a_held_reserve_is_granted_when_a_claim_frees_the_queue(make_buffer) -> None:
+    """`wait_ms` holds a reservation with nothing to grant until capacity frees: here the
+    queue term (`rollout.queue_size` = 2) frees when the trainer claims, and the held call
+    answers with ids and retry_after_ms 0, without the client polling."""
+    _, client = await make_buffer(
+        rollout={
+            "consumer_batch_size": 2,
+            "max_head_offpolicyness": 2,
+            "max_concurrent_rollouts": 8,
+            "queue_size": 2,
+        }
+    )
+    first = await client.reserve(8, rollout_id="r0")
+    assert len(first.reservation_ids) == 2  # min(8, (2+0+1)*2, 2): the queue term
+    for i, rid in enumerate(first.reservation_ids):
+        await client.put(make_group(f"a{i}", reservation_id=rid))
+    at_once = await client.reserve(1, rollout_id="r0")
+    assert at_once.reservation_ids == [] and at_once.retry_after_ms == 500  # wait_ms 0
+    held = asyncio.create_task(client.reserve(2, rollout_id="r0", request_id="h", wait_ms=60_000))
+    claimed = await client.claim(2, consumer_id="t", wait_ms=10_000)
+    assert len(claimed.groups) == 2
+    granted = await held  # woken by the claim, long before its 60 s
+    assert len(granted.reservation_ids) == 2 and granted.retry_after_ms == 0
+    assert not held.cancelled()
+
+
 async def test_reserve_carries_the_replicas_served_version(make_buffer) -> None:
     """`served_version` travels over gRPC (proto3 `optional`: 0 is a version, not unset)
     and the staleness term counts from min(buffer version, served); a negative one is

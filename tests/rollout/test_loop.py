@@ -40,6 +40,7 @@ class ScriptedBuffer:
         rollout_id: str = "",
         request_id: str = "",
         served_version: int | None = None,
+        wait_ms: int = 0,
     ) -> Any:
         from services.buffer.client import Reservation
 
@@ -153,6 +154,7 @@ class VersionedBuffer(ScriptedBuffer):
         rollout_id: str = "",
         request_id: str = "",
         served_version: int | None = None,
+        wait_ms: int = 0,
     ) -> Any:
         from services.buffer.client import Reservation
 
