@@ -63,6 +63,7 @@ from services.common.model_source import resolve_model_path  # noqa: E402
 from services.doctor.evidence import read_jsonl  # noqa: E402
 from services.rollout.data import arithmetic  # noqa: E402
 from services.rollout.data.arithmetic import write_jsonl  # noqa: E402
+from services.trainer.weight_sync import published_versions  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "examples" / "demo.yaml"
@@ -247,8 +248,8 @@ def eval_versions(args: argparse.Namespace) -> list[int]:
 
 def prune_versions(weight_dir: Path, keep: set[int]) -> None:
     """Delete the published versions that will not be scored: a SmolLM2 version is 538 MB."""
-    for d in weight_dir.glob("v[0-9]*"):
-        if d.is_dir() and d.name[1:].isdigit() and int(d.name[1:]) not in keep:
+    for v, d in published_versions(weight_dir).items():
+        if v not in keep:
             shutil.rmtree(d)
 
 

@@ -108,6 +108,15 @@ def version_dir(weight_dir: str | os.PathLike[str], version: int) -> Path:
     return Path(weight_dir) / f"v{version:08d}"
 
 
+def published_versions(weight_dir: str | os.PathLike[str]) -> dict[int, Path]:
+    """The version directories under `weight_dir` (named by `version_dir`), by version."""
+    return {
+        int(p.name[1:]): p
+        for p in Path(weight_dir).glob("v*")
+        if p.is_dir() and p.name[1:].isdigit()
+    }
+
+
 class WeightPublisher:
     """Pushes weights to the replicas; lives on rank 0's I/O loop."""
 
@@ -314,9 +323,9 @@ class WeightPublisher:
 
     def _prune_disk(self, newest: int) -> None:
         keep = self.cfg.trainer.keep_weight_versions
-        dirs = sorted(p for p in self.weight_dir.glob("v*") if p.is_dir() and p.name[1:].isdigit())
-        for p in dirs[: max(0, len(dirs) - keep)]:
-            if int(p.name[1:]) < newest:
+        versions = sorted(published_versions(self.weight_dir).items())
+        for v, p in versions[: max(0, len(versions) - keep)]:
+            if v < newest:
                 shutil.rmtree(p, ignore_errors=True)
 
     async def _publish_grpc(
