@@ -3,28 +3,23 @@
 Every RPC answers with a status, never a crash: bad input is INVALID_ARGUMENT naming the
 field, a full buffer is RESOURCE_EXHAUSTED with a `retry-after-ms` trailer, an unreachable
 Redis is UNAVAILABLE (and the health monitor turns the service NOT_SERVING until Redis is
-back). What a request must satisfy to be admitted is `admission.py`'s; this module
+back); how a failure becomes a status is `rpc_handlers.py`'s. What a request must satisfy to be admitted is `admission.py`'s; this module
 translates between it, the store and the wire.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
-import redis.exceptions as redis_errors
-from google.protobuf import message_factory
-from google.protobuf.message import DecodeError, Message
 
 from flywheel_proto.v1 import buffer_pb2, buffer_pb2_grpc, common_pb2
-from services.buffer import wire
 from services.buffer.admission import (
     Admission,
     BoundsRefusal,
@@ -36,6 +31,7 @@ from services.buffer.admission import (
 from services.buffer.export import export_jsonl
 from services.buffer.metrics import BufferMetrics
 from services.buffer.payload_cache import PayloadCache
+from services.buffer.rpc_handlers import parse_request, register, rpc
 from services.buffer.store import ClaimedGroup, PutItem, PutOutcome, RedisStore, StatsSnapshot
 from services.buffer.validate import (
     MAX_VERSION,
@@ -44,11 +40,11 @@ from services.buffer.validate import (
 from services.common.aio import wait_condition
 from services.common.codec import CodecLimits, group_from_proto
 from services.core.contracts import GroupFilter
+from services.wire import buffer_envelopes
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
-M = TypeVar("M", bound=Message)
+__all__ = ["BufferServicer", "ServicerSettings", "register", "stats_to_proto"]
 
 MAX_IDS_PER_CALL = 100_000
 MAX_PUTS_PER_CALL = 1024
@@ -69,44 +65,6 @@ class ServicerSettings:
     tokenizer_path: str | None = None
     read_cache_bytes: int = 0
     max_resume_version: int = MAX_VERSION  # see validate.max_resume_version
-
-
-def _rpc(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
-    """Time the call, map failures to statuses, and tell the health monitor about Redis."""
-    name = method.__name__
-
-    @functools.wraps(method)
-    async def wrapper(self: BufferServicer, request: Any, context: grpc.aio.ServicerContext) -> T:
-        start = time.perf_counter()
-        try:
-            return await method(self, request, context)
-        except RpcFailure as err:
-            if isinstance(err, BoundsRefusal):
-                self.metrics.refused.labels(name, err.field).inc()
-            self.metrics.rpc_errors.labels(name, err.code.name).inc()
-            trailers = (("retry-after-ms", str(err.retry_after_ms)),) if err.retry_after_ms else ()
-            await context.abort(err.code, err.details, trailing_metadata=trailers)
-        except (redis_errors.ConnectionError, redis_errors.TimeoutError) as err:
-            self.metrics.rpc_errors.labels(name, "UNAVAILABLE").inc()
-            self.metrics.redis_errors.inc()
-            self.on_redis_error(err)
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"redis unavailable: {err}")
-        except redis_errors.RedisError as err:
-            self.metrics.rpc_errors.labels(name, "INTERNAL").inc()
-            self.metrics.redis_errors.inc()
-            log.exception("redis error in %s", name)
-            await context.abort(grpc.StatusCode.INTERNAL, f"redis error: {err}")
-        except Exception as err:  # a bug must answer a status, not take the service down
-            if isinstance(err, grpc.aio.AbortError):
-                raise
-            self.metrics.rpc_errors.labels(name, "INTERNAL").inc()
-            log.exception("unexpected error in %s", name)
-            await context.abort(grpc.StatusCode.INTERNAL, f"{type(err).__name__}: {err}")
-        finally:
-            self.metrics.rpc_seconds.labels(name).observe(time.perf_counter() - start)
-        raise AssertionError("unreachable")  # abort() raises
-
-    return wrapper
 
 
 class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
@@ -201,11 +159,13 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         return lost
 
     # -- Put -----------------------------------------------------------------------------
-    @_rpc
+    @rpc
     async def Put(self, request: bytes, context: Any) -> buffer_pb2.PutResponse:
         self._refuse_in_replay("Put")
-        put = _parse(buffer_pb2.PutRequest, request)
-        item = await self.admission.admissible(put, wire.put_group_bytes(memoryview(request)))
+        put = parse_request(buffer_pb2.PutRequest, request)
+        item = await self.admission.admissible(
+            put, buffer_envelopes.put_group_bytes(memoryview(request))
+        )
         outcome = (await self._store_puts([item]))[0]
         if outcome.result == "full":
             raise RpcFailure(
@@ -215,10 +175,10 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
             )
         return self.admission.put_response(put.group.group_id, item.oldest_version, outcome)
 
-    @_rpc
+    @rpc
     async def PutMany(self, request: bytes, context: Any) -> buffer_pb2.PutManyResponse:
         self._refuse_in_replay("PutMany")
-        parsed = _parse(buffer_pb2.PutManyRequest, request)
+        parsed = parse_request(buffer_pb2.PutManyRequest, request)
         n = len(parsed.puts)
         require(0 < n <= MAX_PUTS_PER_CALL, "puts", f"must hold 1 to {MAX_PUTS_PER_CALL}")
         ids = [p.group.group_id for p in parsed.puts]
@@ -226,7 +186,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         results: list[buffer_pb2.PutResponse | None] = [None] * n
         items: list[PutItem] = []
         where: list[int] = []
-        raw = wire.put_many_group_bytes(request)
+        raw = buffer_envelopes.put_many_group_bytes(request)
         for i, (put, payload) in enumerate(zip(parsed.puts, raw, strict=True)):
             try:
                 items.append(await self.admission.admissible(put, payload))
@@ -272,7 +232,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         return outcomes
 
     # -- capacity ------------------------------------------------------------------------
-    @_rpc
+    @rpc
     async def ReserveCapacity(
         self, request: buffer_pb2.ReserveCapacityRequest, context: Any
     ) -> buffer_pb2.ReserveCapacityResponse:
@@ -308,7 +268,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
             else self.settings.retry_after_ms,
         )
 
-    @_rpc
+    @rpc
     async def ReleaseCapacity(
         self, request: buffer_pb2.ReleaseCapacityRequest, context: Any
     ) -> buffer_pb2.ReleaseCapacityResponse:
@@ -324,7 +284,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
             await self._notify_capacity()
         return buffer_pb2.ReleaseCapacityResponse(released=released)
 
-    @_rpc
+    @rpc
     async def GetCapacity(
         self, request: common_pb2.Empty, context: Any
     ) -> buffer_pb2.CapacityResponse:
@@ -334,8 +294,8 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         )
 
     # -- Claim / Ack ---------------------------------------------------------------------
-    @_rpc
-    async def Claim(  # type: ignore[override]  # wire bytes of a ClaimResponse, see register()
+    @rpc
+    async def Claim(  # type: ignore[override]  # wire bytes, see rpc_handlers.register
         self, request: buffer_pb2.ClaimRequest, context: Any
     ) -> bytes:
         check_ids(consumer_id=request.consumer_id, request_id=request.request_id)
@@ -406,8 +366,8 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
             assert g.payload is not None  # filled in by _with_payloads
             payloads.append(g.payload)
         # The stored payloads are serialized TrajectoryGroups already: the reply is written
-        # around them instead of parsing and re-serializing megabytes (see `register`).
-        return wire.encode_claim_response(version, dropped_stale, payloads)
+        # around them instead of parsing and re-serializing megabytes (see `rpc_handlers.register`).
+        return buffer_envelopes.encode_claim_response(version, dropped_stale, payloads)
 
     async def _with_payloads(self, groups: list[ClaimedGroup]) -> list[ClaimedGroup]:
         """Fill in payloads the claim script did not send: from the cache, else from Redis
@@ -446,7 +406,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
             await self._notify_capacity()  # dropped groups leave `accepted`
         return keep
 
-    @_rpc
+    @rpc
     async def Ack(self, request: buffer_pb2.AckRequest, context: Any) -> buffer_pb2.AckResponse:
         ids = list(request.group_ids)
         require(len(ids) <= MAX_IDS_PER_CALL, "group_ids", f"at most {MAX_IDS_PER_CALL}")
@@ -457,7 +417,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         return buffer_pb2.AckResponse(acked=acked)
 
     # -- version -------------------------------------------------------------------------
-    @_rpc
+    @rpc
     async def SetVersion(
         self, request: buffer_pb2.SetVersionRequest, context: Any
     ) -> common_pb2.Version:
@@ -478,12 +438,12 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
             )
         return common_pb2.Version(version=current)
 
-    @_rpc
+    @rpc
     async def GetVersion(self, request: common_pb2.Empty, context: Any) -> common_pb2.Version:
         return common_pb2.Version(version=await self.store.get_version())
 
     # -- Stats ---------------------------------------------------------------------------
-    @_rpc
+    @rpc
     async def Stats(self, request: common_pb2.Empty, context: Any) -> buffer_pb2.BufferStats:
         s = await self.snapshot()
         msg = stats_to_proto(s)
@@ -492,7 +452,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         return msg
 
     # -- inspection ----------------------------------------------------------------------
-    @_rpc
+    @rpc
     async def ListGroups(
         self, request: buffer_pb2.ListGroupsRequest, context: Any
     ) -> buffer_pb2.ListGroupsResponse:
@@ -514,7 +474,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
             ]
         )
 
-    @_rpc
+    @rpc
     async def ReadGroup(
         self, request: buffer_pb2.ReadGroupRequest, context: Any
     ) -> common_pb2.TrajectoryGroup:
@@ -528,7 +488,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
             )
         return common_pb2.TrajectoryGroup.FromString(payload)
 
-    @_rpc
+    @rpc
     async def Export(
         self, request: buffer_pb2.ExportRequest, context: Any
     ) -> buffer_pb2.ExportResponse:
@@ -577,42 +537,4 @@ def stats_to_proto(s: StatsSnapshot) -> buffer_pb2.BufferStats:
         claimed_total=s.claimed,
         reservations_expired_total=s.reservations_expired,
         retained_groups=s.retained,
-    )
-
-
-def _serialize(response: Any) -> bytes:
-    return response if isinstance(response, bytes) else response.SerializeToString()
-
-
-_RAW_REQUESTS = frozenset({"Put", "PutMany"})
-"""Handlers that take the request's wire bytes: they store the groups' bytes as received."""
-
-
-def _parse(message_type: type[M], data: bytes) -> M:
-    try:
-        return message_type.FromString(data)
-    except DecodeError as err:
-        raise RpcFailure(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"request is not a valid {message_type.DESCRIPTOR.full_name}: {err}",
-        ) from None
-
-
-def register(servicer: BufferServicer, server: grpc.aio.Server) -> None:
-    """Like the generated `add_BufferServiceServicer_to_server`, built from the service
-    descriptor, except that a handler may return ready wire bytes (Claim does) and the put
-    handlers parse their requests themselves (see `_RAW_REQUESTS`)."""
-    service = buffer_pb2.DESCRIPTOR.services_by_name["BufferService"]
-    handlers = {
-        m.name: grpc.unary_unary_rpc_method_handler(
-            getattr(servicer, m.name),
-            request_deserializer=None
-            if m.name in _RAW_REQUESTS
-            else message_factory.GetMessageClass(m.input_type).FromString,
-            response_serializer=_serialize,
-        )
-        for m in service.methods
-    }
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(service.full_name, handlers),)
     )

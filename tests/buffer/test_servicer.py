@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 
 import grpc
 import httpx
@@ -573,3 +574,43 @@ async def test_a_group_retired_between_its_claim_and_the_read_of_its_bytes_is_le
     filled = await servicer._with_payloads(out.groups)  # noqa: SLF001
     assert [(g.group_id, g.payload) for g in filled] == [("kept", b"bytes of kept")]
     assert read_cache_counts(service) == (0.0, 2.0)
+
+
+async def test_group_images_survive_put_and_claim_byte_for_byte(make_buffer) -> None:
+    from tests.image_samples import encoded
+
+    _, client = await make_buffer()
+    images = [encoded(56, 56), encoded(40, 30, "JPEG")]
+    group = make_group("vis")
+    group.images = list(images)
+    assert (await client.put(group)).stored
+    out = await client.claim(1, consumer_id="trainer-0")
+    assert_groups_equal(group, out.groups[0])
+    assert out.groups[0].images == images
+
+
+@pytest.mark.parametrize(
+    ("images", "why"),
+    [
+        (lambda e: [e(8, 8), b"\x89PNG but not really"], "image 1: not a PNG or JPEG"),
+        (lambda e: [e(8, 8)] * 9, "9 images (limit 8 per group)"),
+        (lambda e: [e(8, 8) + b"\0" * (2 << 20)], "image 0 has 2097"),
+        (lambda e: [e(4097, 4097, "JPEG")], "pixels (limit 16777216)"),
+    ],
+)
+async def test_bad_images_are_refused_and_nothing_is_stored(make_buffer, images, why) -> None:  # noqa: ANN001
+    from tests.image_samples import encoded
+
+    _, client = await make_buffer()
+    group = make_group("bad-images")
+    group.images = images(encoded)
+    with pytest.raises(InvalidGroupError, match=re.escape(why)):
+        await client.put(group)
+    s = await client.stats()
+    assert (s.put_total, s.dropped_total["invalid"], s.stored_groups, s.stored_bytes) == (
+        1,
+        1,
+        0,
+        0,
+    )
+    assert s.invariant_ok

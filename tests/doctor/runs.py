@@ -1,5 +1,5 @@
 """Run directories as `flywheel run` leaves them, written by the tests from step records that
-carry every key the trainer writes (services/trainer/loop.py `_record_step`), so that each
+carry every key the trainer writes (services/trainer/step_report.py), so that each
 doctor check can be tripped on purpose."""
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Thresholds named here are AReaL's where its guide gives one (docs/en/best_practi
 algo_perf.md in AReaL 2.0: importance weight exactly 1 with `ppo_n_minibatches == 1`,
 `no_eos_ratio` above 0.05 calls for a larger `max_new_tokens`, rejection sampling
 `{level: token, action: mask, metric: ratio, upper: 5.0}` against a behaviour-weight
-deviation); the others are services/doctor/checks.py's constants."""
+deviation); the others are the constants of services/doctor/checks/."""
 
 from __future__ import annotations
 
@@ -38,6 +38,13 @@ def test_a_healthy_run_passes_every_check_with_its_numbers(tmp_path: Path):
         "weight_sync": "pass",
         "weight_parity": "pass",
         "reward_trend": "pass",
+        # a text run
+        "vision_images": "n/a",
+        "processor_time": "n/a",
+        # no agent workflow: nothing of it in the counters
+        "template_drift": "n/a",
+        "agent_episode_failures": "n/a",
+        "tool_failures": "n/a",
     }
     assert checks.verdict(list(result.values())) == "pass"
     assert result["importance_weight"].numbers["max_abs_dev"] == 0.0

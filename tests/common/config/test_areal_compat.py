@@ -1,4 +1,4 @@
-"""AReaL configs are translated, not rejected (`services/common/config/areal_compat.py`).
+"""AReaL configs are translated, not rejected (`services/common/config/areal_compat/`).
 
 Two kinds of input:
 - AReaL's own `examples/math/gsm8k_*.yaml`, read from an AReaL checkout named by the

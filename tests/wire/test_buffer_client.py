@@ -1,4 +1,4 @@
-"""BufferClient (services/buffer/client.py): outages ridden through, backpressure,
+"""BufferClient (`services/wire/buffer_client.py`): outages ridden through, backpressure,
 idempotent retries."""
 
 from __future__ import annotations
@@ -10,15 +10,14 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from flywheel_proto.v1 import buffer_pb2, buffer_pb2_grpc
-from services.buffer.client import BufferClient, BufferFullError
 from services.common.config.services import ServicesConfig
 from services.common.outage import PeerOutageMetrics
 from services.common.redis_server import RedisServer
 from services.trainer.io_loop import IOLoop
+from services.wire.buffer_client import BufferClient, BufferFullError
+from tests.buffer.helpers import fsync_every_write, make_group
+from tests.buffer.proc import BufferProcess
 from tests.waiting import still_pending, still_pending_sync, until, until_sync
-
-from .helpers import fsync_every_write, make_group
-from .proc import BufferProcess
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""Typed async client (`services/reward/client.py`) against a real service on loopback."""
+"""Typed async client (`services/wire/reward_client.py`) against a real service on loopback."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from services.core.types import RewardStatus, ScoreRequest
-from services.reward.client import RewardClient, RewardClientError
+from services.wire.reward_client import RewardClient, RewardClientError
 from tests.reward.conftest import RunningReward, service_config
 from tests.waiting import still_pending, until
 

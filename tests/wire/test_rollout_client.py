@@ -1,4 +1,4 @@
-"""RolloutClient (services/rollout/client.py): how the trainer's calls meet a dead replica."""
+"""RolloutClient (`services/wire/rollout_client.py`): how the trainer's calls meet a dead replica."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import grpc
 import pytest
 
 from services.common.redis_server import free_port
-from services.rollout.client import RolloutClient
+from services.wire.rollout_client import RolloutClient
 
 
 @pytest.mark.integration
