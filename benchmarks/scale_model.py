@@ -10,9 +10,11 @@ Response lengths: log-normal, median 2,048 tokens, sigma 0.6, clipped to [1,024,
 1-8k range of reasoning rollouts, with a long tail. Stragglers: with probability 2 % a
 replica's group takes 3 times as long (a slow node, a preempted batch).
 
-Training: the trainer takes `batch_groups` groups a step and steps in `step_fraction` of the
-time the fleet needs to offer them, so a fleet that works at its rate offers more than the
-trainer takes (the trainer should never wait on the buffer).
+Training: the trainer takes `batch_groups` groups a step and consumes `trainer_share` (80 %)
+of what the whole fleet offers: one step lasts the time the fleet needs to offer a batch,
+divided by that share. A fleet that works at its rate then offers 25 % more than the trainer
+takes, and the trainer should never wait on the buffer, unless the staleness bound stops
+the fleet first (`staleness_bound_share`).
 
 Scaling for one small machine: simulated time runs `time_scale` times faster than real
 time, and every sample carries `1 / token_scale` of its tokens on the wire (1-8k tokens
@@ -44,7 +46,8 @@ class FleetModel:
     weight_update_s: float = 5.0
     """Real seconds a replica needs to take new weights once it has seen a new version."""
     batch_groups: int = 16
-    step_fraction: float = 0.8
+    trainer_share: float = 0.8
+    """The share of the fleet's offered groups the trainer consumes."""
     time_scale: float = 20.0
     token_scale: int = 32
 
@@ -74,13 +77,28 @@ class FleetModel:
         return replicas / mean_group_s
 
     def step_seconds(self, replicas: int, mean_group_s: float) -> float:
-        """Real seconds of one trainer step: `step_fraction` of the time the fleet takes to
-        offer one batch."""
-        return (
-            self.step_fraction
-            * self.batch_groups
-            / self.offered_groups_per_s(replicas, mean_group_s)
+        """Real seconds of one trainer step: the time the fleet takes to offer one batch,
+        divided by `trainer_share` (the trainer takes that share of the offer)."""
+        return self.batch_groups / (
+            self.trainer_share * self.offered_groups_per_s(replicas, mean_group_s)
         )
+
+    def staleness_bound_share(self, replicas: int, eta: int) -> float:
+        """The most of its time the trainer can be busy when the staleness bound, not the
+        fleet's size, limits generation (an upper bound; 1 means the bound does not bind).
+
+        The buffer grants while `accepted + running <= (eta + version + 1) * batch`, where
+        `accepted` counts every group ever put and the trainer has consumed `version` batches.
+        So groups queued or being generated number at most `eta * batch` while the trainer
+        works on a batch (claimed, version not yet bumped), and `(eta + 1) * batch` while it
+        waits. With `u` the busy share, at most `(eta + 1 - u) * batch` groups are in flight
+        on average, and by Little's law the fleet admits at most that over `mean_group_s`
+        groups a second; the trainer takes `u * batch / step_seconds`. Equal at
+        `u = (eta + 1) / (1 + k)`, where `k = mean_group_s / step_seconds =
+        trainer_share * replicas / batch` is how many steps one group's generation spans.
+        """
+        k = self.trainer_share * replicas / self.batch_groups
+        return min(1.0, (eta + 1) / (1 + k))
 
     def wire_tokens(self, real_tokens: int) -> int:
         return max(1, real_tokens // self.token_scale)

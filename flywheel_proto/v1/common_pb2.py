@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x66lywheel/v1/common.proto\x12\x0b\x66lywheel.v1\"4\n\x06Tensor\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xad\x03\n\nTrajectory\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x10\n\x08group_id\x18\x02 \x01(\t\x12&\n\tinput_ids\x18\x03 \x01(\x0b\x32\x13.flywheel.v1.Tensor\x12&\n\tloss_mask\x18\x04 \x01(\x0b\x32\x13.flywheel.v1.Tensor\x12%\n\x08logprobs\x18\x05 \x01(\x0b\x32\x13.flywheel.v1.Tensor\x12%\n\x08versions\x18\x06 \x01(\x0b\x32\x13.flywheel.v1.Tensor\x12\x0e\n\x06reward\x18\x07 \x01(\x01\x12\x0e\n\x06no_eos\x18\x08 \x01(\x08\x12%\n\x08turn_ids\x18\t \x01(\x0b\x32\x13.flywheel.v1.Tensor\x12\x12\n\nprompt_len\x18\n \x01(\x05\x12\x13\n\x0bstop_reason\x18\x0b \x01(\t\x12\x37\n\x08metadata\x18\x0c \x03(\x0b\x32%.flywheel.v1.Trajectory.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x99\x02\n\x0fTrajectoryGroup\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12-\n\x0ctrajectories\x18\x02 \x03(\x0b\x32\x17.flywheel.v1.Trajectory\x12\x11\n\tprompt_id\x18\x03 \x01(\t\x12\x16\n\x0ereservation_id\x18\x04 \x01(\t\x12\x12\n\nrollout_id\x18\x05 \x01(\t\x12\x17\n\x0f\x63reated_unix_ms\x18\x06 \x01(\x03\x12<\n\x08metadata\x18\x07 \x03(\x0b\x32*.flywheel.v1.TrajectoryGroup.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1a\n\x07Version\x12\x0f\n\x07version\x18\x01 \x01(\x03\"]\n\x0eWeightManifest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x10\n\x08\x63hecksum\x18\x02 \x01(\t\x12\x13\n\x0bnum_tensors\x18\x03 \x01(\x05\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x03\"\x07\n\x05\x45mptyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x66lywheel/v1/common.proto\x12\x0b\x66lywheel.v1\"4\n\x06Tensor\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xad\x03\n\nTrajectory\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x10\n\x08group_id\x18\x02 \x01(\t\x12&\n\tinput_ids\x18\x03 \x01(\x0b\x32\x13.flywheel.v1.Tensor\x12&\n\tloss_mask\x18\x04 \x01(\x0b\x32\x13.flywheel.v1.Tensor\x12%\n\x08logprobs\x18\x05 \x01(\x0b\x32\x13.flywheel.v1.Tensor\x12%\n\x08versions\x18\x06 \x01(\x0b\x32\x13.flywheel.v1.Tensor\x12\x0e\n\x06reward\x18\x07 \x01(\x01\x12\x0e\n\x06no_eos\x18\x08 \x01(\x08\x12%\n\x08turn_ids\x18\t \x01(\x0b\x32\x13.flywheel.v1.Tensor\x12\x12\n\nprompt_len\x18\n \x01(\x05\x12\x13\n\x0bstop_reason\x18\x0b \x01(\t\x12\x37\n\x08metadata\x18\x0c \x03(\x0b\x32%.flywheel.v1.Trajectory.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa9\x02\n\x0fTrajectoryGroup\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12-\n\x0ctrajectories\x18\x02 \x03(\x0b\x32\x17.flywheel.v1.Trajectory\x12\x11\n\tprompt_id\x18\x03 \x01(\t\x12\x16\n\x0ereservation_id\x18\x04 \x01(\t\x12\x12\n\nrollout_id\x18\x05 \x01(\t\x12\x17\n\x0f\x63reated_unix_ms\x18\x06 \x01(\x03\x12<\n\x08metadata\x18\x07 \x03(\x0b\x32*.flywheel.v1.TrajectoryGroup.MetadataEntry\x12\x0e\n\x06images\x18\x08 \x03(\x0c\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1a\n\x07Version\x12\x0f\n\x07version\x18\x01 \x01(\x03\"]\n\x0eWeightManifest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x10\n\x08\x63hecksum\x18\x02 \x01(\t\x12\x13\n\x0bnum_tensors\x18\x03 \x01(\x05\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x03\"\x07\n\x05\x45mptyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -43,13 +43,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TRAJECTORY_METADATAENTRY']._serialized_start=478
   _globals['_TRAJECTORY_METADATAENTRY']._serialized_end=525
   _globals['_TRAJECTORYGROUP']._serialized_start=528
-  _globals['_TRAJECTORYGROUP']._serialized_end=809
+  _globals['_TRAJECTORYGROUP']._serialized_end=825
   _globals['_TRAJECTORYGROUP_METADATAENTRY']._serialized_start=478
   _globals['_TRAJECTORYGROUP_METADATAENTRY']._serialized_end=525
-  _globals['_VERSION']._serialized_start=811
-  _globals['_VERSION']._serialized_end=837
-  _globals['_WEIGHTMANIFEST']._serialized_start=839
-  _globals['_WEIGHTMANIFEST']._serialized_end=932
-  _globals['_EMPTY']._serialized_start=934
-  _globals['_EMPTY']._serialized_end=941
+  _globals['_VERSION']._serialized_start=827
+  _globals['_VERSION']._serialized_end=853
+  _globals['_WEIGHTMANIFEST']._serialized_start=855
+  _globals['_WEIGHTMANIFEST']._serialized_end=948
+  _globals['_EMPTY']._serialized_start=950
+  _globals['_EMPTY']._serialized_end=957
 # @@protoc_insertion_point(module_scope)

@@ -53,7 +53,7 @@ class Trajectory(_message.Message):
     def __init__(self, trajectory_id: _Optional[str] = ..., group_id: _Optional[str] = ..., input_ids: _Optional[_Union[Tensor, _Mapping]] = ..., loss_mask: _Optional[_Union[Tensor, _Mapping]] = ..., logprobs: _Optional[_Union[Tensor, _Mapping]] = ..., versions: _Optional[_Union[Tensor, _Mapping]] = ..., reward: _Optional[float] = ..., no_eos: _Optional[bool] = ..., turn_ids: _Optional[_Union[Tensor, _Mapping]] = ..., prompt_len: _Optional[int] = ..., stop_reason: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class TrajectoryGroup(_message.Message):
-    __slots__ = ("group_id", "trajectories", "prompt_id", "reservation_id", "rollout_id", "created_unix_ms", "metadata")
+    __slots__ = ("group_id", "trajectories", "prompt_id", "reservation_id", "rollout_id", "created_unix_ms", "metadata", "images")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +68,7 @@ class TrajectoryGroup(_message.Message):
     ROLLOUT_ID_FIELD_NUMBER: _ClassVar[int]
     CREATED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     trajectories: _containers.RepeatedCompositeFieldContainer[Trajectory]
     prompt_id: str
@@ -75,7 +76,8 @@ class TrajectoryGroup(_message.Message):
     rollout_id: str
     created_unix_ms: int
     metadata: _containers.ScalarMap[str, str]
-    def __init__(self, group_id: _Optional[str] = ..., trajectories: _Optional[_Iterable[_Union[Trajectory, _Mapping]]] = ..., prompt_id: _Optional[str] = ..., reservation_id: _Optional[str] = ..., rollout_id: _Optional[str] = ..., created_unix_ms: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    images: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, group_id: _Optional[str] = ..., trajectories: _Optional[_Iterable[_Union[Trajectory, _Mapping]]] = ..., prompt_id: _Optional[str] = ..., reservation_id: _Optional[str] = ..., rollout_id: _Optional[str] = ..., created_unix_ms: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ..., images: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class Version(_message.Message):
     __slots__ = ("version",)

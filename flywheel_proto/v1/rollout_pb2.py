@@ -26,7 +26,7 @@ _sym_db = _symbol_database.Default()
 from flywheel_proto.v1 import common_pb2 as flywheel_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x66lywheel/v1/rollout.proto\x12\x0b\x66lywheel.v1\x1a\x18\x66lywheel/v1/common.proto\"\xbc\x02\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x01\x12\r\n\x05top_p\x18\x02 \x01(\x01\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x0e\n\x06greedy\x18\x04 \x01(\x08\x12\x16\n\x0emax_new_tokens\x18\x05 \x01(\x05\x12\x16\n\x0emin_new_tokens\x18\x06 \x01(\x05\x12\x12\n\nmax_tokens\x18\x07 \x01(\x05\x12\x16\n\x0estop_token_ids\x18\x08 \x03(\x03\x12\x0c\n\x04stop\x18\t \x03(\t\x12\x0c\n\x04seed\x18\n \x01(\x03\x12\x11\n\tn_samples\x18\x0b \x01(\x05\x12\x12\n\nignore_eos\x18\x0c \x01(\x08\x12\x19\n\x11\x66requency_penalty\x18\r \x01(\x01\x12\x1b\n\x13skip_special_tokens\x18\x0e \x01(\x08\x12\x10\n\x08has_seed\x18\x0f \x01(\x08\"\x90\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07prompts\x18\x02 \x03(\t\x12)\n\nprompt_ids\x18\x03 \x03(\x0b\x32\x15.flywheel.v1.TokenIds\x12-\n\x08sampling\x18\x04 \x01(\x0b\x32\x1b.flywheel.v1.SamplingParams\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x03\"g\n\nCompletion\x12\x12\n\noutput_ids\x18\x01 \x03(\x03\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x10\n\x08versions\x18\x03 \x03(\x03\x12\x13\n\x0bstop_reason\x18\x04 \x01(\t\x12\x0c\n\x04text\x18\x05 \x01(\t\"Q\n\x10GenerateResponse\x12,\n\x0b\x63ompletions\x18\x01 \x03(\x0b\x32\x17.flywheel.v1.Completion\x12\x0f\n\x07version\x18\x02 \x01(\x03\"\xd6\x01\n\x14UpdateWeightsRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12/\n\ttransport\x18\x02 \x01(\x0e\x32\x1c.flywheel.v1.WeightTransport\x12-\n\x08manifest\x18\x03 \x01(\x0b\x32\x1b.flywheel.v1.WeightManifest\x12\x0c\n\x04path\x18\x04 \x01(\t\x12&\n\x05specs\x18\x05 \x03(\x0b\x32\x17.flywheel.v1.TensorSpec\x12\x14\n\x0c\x62ucket_bytes\x18\x06 \x01(\x03\"8\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\"\x9a\x01\n\x0bWeightChunk\x12-\n\x08manifest\x18\x01 \x01(\x0b\x32\x1b.flywheel.v1.WeightManifest\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\r\n\x05shape\x18\x05 \x03(\x03\x12\x0e\n\x06offset\x18\x06 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x07 \x01(\x0c\"s\n\x15UpdateWeightsResponse\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x15\n\rpause_seconds\x18\x04 \x01(\x01\x12\x15\n\rtotal_seconds\x18\x05 \x01(\x01\"\xa1\x01\n\x17InitWeightsGroupRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0emaster_address\x18\x02 \x01(\t\x12\x13\n\x0bmaster_port\x18\x03 \x01(\x05\x12\x0c\n\x04rank\x18\x04 \x01(\x05\x12\x12\n\nworld_size\x18\x05 \x01(\x05\x12\x0f\n\x07\x62\x61\x63kend\x18\x06 \x01(\t\x12\x12\n\ngroup_name\x18\x07 \x01(\t\"7\n\x18InitWeightsGroupResponse\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0f\n\x07message\x18\x02 \x01(\t\"\"\n\x0cPauseRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x84\x03\n\x0cRolloutStats\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x1a\n\x12requests_in_flight\x18\x02 \x01(\x03\x12\x17\n\x0fgroups_produced\x18\x03 \x01(\x03\x12\x18\n\x10tokens_generated\x18\x04 \x01(\x03\x12\x0e\n\x06paused\x18\x05 \x01(\x08\x12\x39\n\x08rejected\x18\x06 \x03(\x0b\x32\'.flywheel.v1.RolloutStats.RejectedEntry\x12\x12\n\nrollout_id\x18\x07 \x01(\t\x12\x10\n\x08\x63hecksum\x18\x08 \x01(\t\x12\x10\n\x08\x64raining\x18\t \x01(\x08\x12\x16\n\x0eweight_updates\x18\n \x01(\x03\x12\x1d\n\x15weight_updates_failed\x18\x0b \x01(\x03\x12\x19\n\x11last_update_error\x18\x0c \x01(\t\x12\x0e\n\x06\x65ngine\x18\r \x01(\t\x1a/\n\rRejectedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01*\x8b\x01\n\x0fWeightTransport\x12 \n\x1cWEIGHT_TRANSPORT_UNSPECIFIED\x10\x00\x12\x19\n\x15WEIGHT_TRANSPORT_DISK\x10\x01\x12 \n\x1cWEIGHT_TRANSPORT_DISTRIBUTED\x10\x02\x12\x19\n\x15WEIGHT_TRANSPORT_GRPC\x10\x03\x32\xc8\x04\n\x0eRolloutService\x12G\n\x08Generate\x12\x1c.flywheel.v1.GenerateRequest\x1a\x1d.flywheel.v1.GenerateResponse\x12V\n\rUpdateWeights\x12!.flywheel.v1.UpdateWeightsRequest\x1a\".flywheel.v1.UpdateWeightsResponse\x12O\n\rStreamWeights\x12\x18.flywheel.v1.WeightChunk\x1a\".flywheel.v1.UpdateWeightsResponse(\x01\x12_\n\x10InitWeightsGroup\x12$.flywheel.v1.InitWeightsGroupRequest\x1a%.flywheel.v1.InitWeightsGroupResponse\x12\x38\n\x05Pause\x12\x19.flywheel.v1.PauseRequest\x1a\x14.flywheel.v1.Version\x12\x39\n\x06Resume\x12\x19.flywheel.v1.PauseRequest\x1a\x14.flywheel.v1.Version\x12\x36\n\nGetVersion\x12\x12.flywheel.v1.Empty\x1a\x14.flywheel.v1.Version\x12\x36\n\x05Stats\x12\x12.flywheel.v1.Empty\x1a\x19.flywheel.v1.RolloutStatsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x66lywheel/v1/rollout.proto\x12\x0b\x66lywheel.v1\x1a\x18\x66lywheel/v1/common.proto\"\xbc\x02\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x01\x12\r\n\x05top_p\x18\x02 \x01(\x01\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x0e\n\x06greedy\x18\x04 \x01(\x08\x12\x16\n\x0emax_new_tokens\x18\x05 \x01(\x05\x12\x16\n\x0emin_new_tokens\x18\x06 \x01(\x05\x12\x12\n\nmax_tokens\x18\x07 \x01(\x05\x12\x16\n\x0estop_token_ids\x18\x08 \x03(\x03\x12\x0c\n\x04stop\x18\t \x03(\t\x12\x0c\n\x04seed\x18\n \x01(\x03\x12\x11\n\tn_samples\x18\x0b \x01(\x05\x12\x12\n\nignore_eos\x18\x0c \x01(\x08\x12\x19\n\x11\x66requency_penalty\x18\r \x01(\x01\x12\x1b\n\x13skip_special_tokens\x18\x0e \x01(\x08\x12\x10\n\x08has_seed\x18\x0f \x01(\x08\"\xbb\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07prompts\x18\x02 \x03(\t\x12)\n\nprompt_ids\x18\x03 \x03(\x0b\x32\x15.flywheel.v1.TokenIds\x12-\n\x08sampling\x18\x04 \x01(\x0b\x32\x1b.flywheel.v1.SamplingParams\x12)\n\x06images\x18\x05 \x03(\x0b\x32\x19.flywheel.v1.PromptImages\"\x1c\n\x0cPromptImages\x12\x0c\n\x04\x64\x61ta\x18\x01 \x03(\x0c\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x03\"g\n\nCompletion\x12\x12\n\noutput_ids\x18\x01 \x03(\x03\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x10\n\x08versions\x18\x03 \x03(\x03\x12\x13\n\x0bstop_reason\x18\x04 \x01(\t\x12\x0c\n\x04text\x18\x05 \x01(\t\"Q\n\x10GenerateResponse\x12,\n\x0b\x63ompletions\x18\x01 \x03(\x0b\x32\x17.flywheel.v1.Completion\x12\x0f\n\x07version\x18\x02 \x01(\x03\"\x81\x02\n\x14UpdateWeightsRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12/\n\ttransport\x18\x02 \x01(\x0e\x32\x1c.flywheel.v1.WeightTransport\x12-\n\x08manifest\x18\x03 \x01(\x0b\x32\x1b.flywheel.v1.WeightManifest\x12\x0c\n\x04path\x18\x04 \x01(\t\x12&\n\x05specs\x18\x05 \x03(\x0b\x32\x17.flywheel.v1.TensorSpec\x12\x14\n\x0c\x62ucket_bytes\x18\x06 \x01(\x03\x12\x12\n\ngroup_name\x18\x07 \x01(\t\x12\x15\n\rforward_group\x18\x08 \x01(\t\"8\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\"\x9a\x01\n\x0bWeightChunk\x12-\n\x08manifest\x18\x01 \x01(\x0b\x32\x1b.flywheel.v1.WeightManifest\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\r\n\x05shape\x18\x05 \x03(\x03\x12\x0e\n\x06offset\x18\x06 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x07 \x01(\x0c\"s\n\x15UpdateWeightsResponse\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x15\n\rpause_seconds\x18\x04 \x01(\x01\x12\x15\n\rtotal_seconds\x18\x05 \x01(\x01\"\xa1\x01\n\x17InitWeightsGroupRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0emaster_address\x18\x02 \x01(\t\x12\x13\n\x0bmaster_port\x18\x03 \x01(\x05\x12\x0c\n\x04rank\x18\x04 \x01(\x05\x12\x12\n\nworld_size\x18\x05 \x01(\x05\x12\x0f\n\x07\x62\x61\x63kend\x18\x06 \x01(\t\x12\x12\n\ngroup_name\x18\x07 \x01(\t\"7\n\x18InitWeightsGroupResponse\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0f\n\x07message\x18\x02 \x01(\t\"\"\n\x0cPauseRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x84\x03\n\x0cRolloutStats\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x1a\n\x12requests_in_flight\x18\x02 \x01(\x03\x12\x17\n\x0fgroups_produced\x18\x03 \x01(\x03\x12\x18\n\x10tokens_generated\x18\x04 \x01(\x03\x12\x0e\n\x06paused\x18\x05 \x01(\x08\x12\x39\n\x08rejected\x18\x06 \x03(\x0b\x32\'.flywheel.v1.RolloutStats.RejectedEntry\x12\x12\n\nrollout_id\x18\x07 \x01(\t\x12\x10\n\x08\x63hecksum\x18\x08 \x01(\t\x12\x10\n\x08\x64raining\x18\t \x01(\x08\x12\x16\n\x0eweight_updates\x18\n \x01(\x03\x12\x1d\n\x15weight_updates_failed\x18\x0b \x01(\x03\x12\x19\n\x11last_update_error\x18\x0c \x01(\t\x12\x0e\n\x06\x65ngine\x18\r \x01(\t\x1a/\n\rRejectedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01*\x8b\x01\n\x0fWeightTransport\x12 \n\x1cWEIGHT_TRANSPORT_UNSPECIFIED\x10\x00\x12\x19\n\x15WEIGHT_TRANSPORT_DISK\x10\x01\x12 \n\x1cWEIGHT_TRANSPORT_DISTRIBUTED\x10\x02\x12\x19\n\x15WEIGHT_TRANSPORT_GRPC\x10\x03\x32\xc8\x04\n\x0eRolloutService\x12G\n\x08Generate\x12\x1c.flywheel.v1.GenerateRequest\x1a\x1d.flywheel.v1.GenerateResponse\x12V\n\rUpdateWeights\x12!.flywheel.v1.UpdateWeightsRequest\x1a\".flywheel.v1.UpdateWeightsResponse\x12O\n\rStreamWeights\x12\x18.flywheel.v1.WeightChunk\x1a\".flywheel.v1.UpdateWeightsResponse(\x01\x12_\n\x10InitWeightsGroup\x12$.flywheel.v1.InitWeightsGroupRequest\x1a%.flywheel.v1.InitWeightsGroupResponse\x12\x38\n\x05Pause\x12\x19.flywheel.v1.PauseRequest\x1a\x14.flywheel.v1.Version\x12\x39\n\x06Resume\x12\x19.flywheel.v1.PauseRequest\x1a\x14.flywheel.v1.Version\x12\x36\n\nGetVersion\x12\x12.flywheel.v1.Empty\x1a\x14.flywheel.v1.Version\x12\x36\n\x05Stats\x12\x12.flywheel.v1.Empty\x1a\x19.flywheel.v1.RolloutStatsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,36 +35,38 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ROLLOUTSTATS_REJECTEDENTRY']._loaded_options = None
   _globals['_ROLLOUTSTATS_REJECTEDENTRY']._serialized_options = b'8\001'
-  _globals['_WEIGHTTRANSPORT']._serialized_start=1945
-  _globals['_WEIGHTTRANSPORT']._serialized_end=2084
+  _globals['_WEIGHTTRANSPORT']._serialized_start=2061
+  _globals['_WEIGHTTRANSPORT']._serialized_end=2200
   _globals['_SAMPLINGPARAMS']._serialized_start=69
   _globals['_SAMPLINGPARAMS']._serialized_end=385
   _globals['_GENERATEREQUEST']._serialized_start=388
-  _globals['_GENERATEREQUEST']._serialized_end=532
-  _globals['_TOKENIDS']._serialized_start=534
-  _globals['_TOKENIDS']._serialized_end=557
-  _globals['_COMPLETION']._serialized_start=559
-  _globals['_COMPLETION']._serialized_end=662
-  _globals['_GENERATERESPONSE']._serialized_start=664
-  _globals['_GENERATERESPONSE']._serialized_end=745
-  _globals['_UPDATEWEIGHTSREQUEST']._serialized_start=748
-  _globals['_UPDATEWEIGHTSREQUEST']._serialized_end=962
-  _globals['_TENSORSPEC']._serialized_start=964
-  _globals['_TENSORSPEC']._serialized_end=1020
-  _globals['_WEIGHTCHUNK']._serialized_start=1023
-  _globals['_WEIGHTCHUNK']._serialized_end=1177
-  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_start=1179
-  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_end=1294
-  _globals['_INITWEIGHTSGROUPREQUEST']._serialized_start=1297
-  _globals['_INITWEIGHTSGROUPREQUEST']._serialized_end=1458
-  _globals['_INITWEIGHTSGROUPRESPONSE']._serialized_start=1460
-  _globals['_INITWEIGHTSGROUPRESPONSE']._serialized_end=1515
-  _globals['_PAUSEREQUEST']._serialized_start=1517
-  _globals['_PAUSEREQUEST']._serialized_end=1551
-  _globals['_ROLLOUTSTATS']._serialized_start=1554
-  _globals['_ROLLOUTSTATS']._serialized_end=1942
-  _globals['_ROLLOUTSTATS_REJECTEDENTRY']._serialized_start=1895
-  _globals['_ROLLOUTSTATS_REJECTEDENTRY']._serialized_end=1942
-  _globals['_ROLLOUTSERVICE']._serialized_start=2087
-  _globals['_ROLLOUTSERVICE']._serialized_end=2671
+  _globals['_GENERATEREQUEST']._serialized_end=575
+  _globals['_PROMPTIMAGES']._serialized_start=577
+  _globals['_PROMPTIMAGES']._serialized_end=605
+  _globals['_TOKENIDS']._serialized_start=607
+  _globals['_TOKENIDS']._serialized_end=630
+  _globals['_COMPLETION']._serialized_start=632
+  _globals['_COMPLETION']._serialized_end=735
+  _globals['_GENERATERESPONSE']._serialized_start=737
+  _globals['_GENERATERESPONSE']._serialized_end=818
+  _globals['_UPDATEWEIGHTSREQUEST']._serialized_start=821
+  _globals['_UPDATEWEIGHTSREQUEST']._serialized_end=1078
+  _globals['_TENSORSPEC']._serialized_start=1080
+  _globals['_TENSORSPEC']._serialized_end=1136
+  _globals['_WEIGHTCHUNK']._serialized_start=1139
+  _globals['_WEIGHTCHUNK']._serialized_end=1293
+  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_start=1295
+  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_end=1410
+  _globals['_INITWEIGHTSGROUPREQUEST']._serialized_start=1413
+  _globals['_INITWEIGHTSGROUPREQUEST']._serialized_end=1574
+  _globals['_INITWEIGHTSGROUPRESPONSE']._serialized_start=1576
+  _globals['_INITWEIGHTSGROUPRESPONSE']._serialized_end=1631
+  _globals['_PAUSEREQUEST']._serialized_start=1633
+  _globals['_PAUSEREQUEST']._serialized_end=1667
+  _globals['_ROLLOUTSTATS']._serialized_start=1670
+  _globals['_ROLLOUTSTATS']._serialized_end=2058
+  _globals['_ROLLOUTSTATS_REJECTEDENTRY']._serialized_start=2011
+  _globals['_ROLLOUTSTATS_REJECTEDENTRY']._serialized_end=2058
+  _globals['_ROLLOUTSERVICE']._serialized_start=2203
+  _globals['_ROLLOUTSERVICE']._serialized_end=2787
 # @@protoc_insertion_point(module_scope)

@@ -55,16 +55,24 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., greedy: _Optional[bool] = ..., max_new_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., stop: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ..., n_samples: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., frequency_penalty: _Optional[float] = ..., skip_special_tokens: _Optional[bool] = ..., has_seed: _Optional[bool] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompts", "prompt_ids", "sampling")
+    __slots__ = ("request_id", "prompts", "prompt_ids", "sampling", "images")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPTS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompts: _containers.RepeatedScalarFieldContainer[str]
     prompt_ids: _containers.RepeatedCompositeFieldContainer[TokenIds]
     sampling: SamplingParams
-    def __init__(self, request_id: _Optional[str] = ..., prompts: _Optional[_Iterable[str]] = ..., prompt_ids: _Optional[_Iterable[_Union[TokenIds, _Mapping]]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ...) -> None: ...
+    images: _containers.RepeatedCompositeFieldContainer[PromptImages]
+    def __init__(self, request_id: _Optional[str] = ..., prompts: _Optional[_Iterable[str]] = ..., prompt_ids: _Optional[_Iterable[_Union[TokenIds, _Mapping]]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., images: _Optional[_Iterable[_Union[PromptImages, _Mapping]]] = ...) -> None: ...
+
+class PromptImages(_message.Message):
+    __slots__ = ("data",)
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    data: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, data: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)
@@ -95,20 +103,24 @@ class GenerateResponse(_message.Message):
     def __init__(self, completions: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ..., version: _Optional[int] = ...) -> None: ...
 
 class UpdateWeightsRequest(_message.Message):
-    __slots__ = ("request_id", "transport", "manifest", "path", "specs", "bucket_bytes")
+    __slots__ = ("request_id", "transport", "manifest", "path", "specs", "bucket_bytes", "group_name", "forward_group")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     SPECS_FIELD_NUMBER: _ClassVar[int]
     BUCKET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GROUP_NAME_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_GROUP_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     transport: WeightTransport
     manifest: _common_pb2.WeightManifest
     path: str
     specs: _containers.RepeatedCompositeFieldContainer[TensorSpec]
     bucket_bytes: int
-    def __init__(self, request_id: _Optional[str] = ..., transport: _Optional[_Union[WeightTransport, str]] = ..., manifest: _Optional[_Union[_common_pb2.WeightManifest, _Mapping]] = ..., path: _Optional[str] = ..., specs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., bucket_bytes: _Optional[int] = ...) -> None: ...
+    group_name: str
+    forward_group: str
+    def __init__(self, request_id: _Optional[str] = ..., transport: _Optional[_Union[WeightTransport, str]] = ..., manifest: _Optional[_Union[_common_pb2.WeightManifest, _Mapping]] = ..., path: _Optional[str] = ..., specs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., bucket_bytes: _Optional[int] = ..., group_name: _Optional[str] = ..., forward_group: _Optional[str] = ...) -> None: ...
 
 class TensorSpec(_message.Message):
     __slots__ = ("name", "dtype", "shape")

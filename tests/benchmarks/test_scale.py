@@ -33,12 +33,32 @@ def test_lengths_stay_in_the_stated_range_with_the_stated_median() -> None:
     assert np.median(xs) == pytest.approx(2048, rel=0.03)
 
 
-def test_the_trainer_steps_faster_than_the_fleet_offers_a_batch() -> None:
-    m = FleetModel(batch_groups=16, step_fraction=0.8)
-    # 64 replicas at 40 s a group offer 1.6 groups/s: a batch of 16 every 10 s; step 8 s
+def test_the_trainer_takes_four_fifths_of_what_the_fleet_offers() -> None:
+    m = FleetModel(batch_groups=16, trainer_share=0.8)
+    # 64 replicas at 40 s a group offer 1.6 groups/s; the trainer takes 0.8 x 1.6 = 1.28
+    # groups/s, i.e. a batch of 16 every 16 / 1.28 = 12.5 s
     assert m.offered_groups_per_s(64, 40.0) == pytest.approx(1.6)
-    assert m.step_seconds(64, 40.0) == pytest.approx(8.0)
+    assert m.step_seconds(64, 40.0) == pytest.approx(12.5)
     assert m.wire_tokens(8192) == 256 and m.wire_tokens(10) == 1
+
+
+def test_staleness_bound_share_from_the_capacity_formula() -> None:
+    # AReaL's capacity: (max_head_offpolicyness + version + 1) * consumer_batch_size
+    # - (accepted + running). 64 replicas, batch 16, trainer share 0.8: one group's
+    # generation spans k = 0.8 * 64 / 16 = 3.2 steps; busy share u = (eta + 1) / (1 + k)
+    m = FleetModel(batch_groups=16, trainer_share=0.8)
+    assert m.staleness_bound_share(64, 0) == pytest.approx(1 / 4.2)
+    assert m.staleness_bound_share(64, 2) == pytest.approx(3 / 4.2)
+    assert m.staleness_bound_share(64, 3) == pytest.approx(1.0 - 0.2 / 4.2)
+    assert m.staleness_bound_share(64, 4) == 1.0  # 5 / 4.2, capped: the bound does not bind
+
+
+def test_the_simulated_replicas_hold_reserve_as_long_as_the_rollout_loop() -> None:
+    from scale import RESERVE_WAIT_MS
+
+    from services.rollout.loop import RESERVE_WAIT_MS as LOOP_RESERVE_WAIT_MS
+
+    assert RESERVE_WAIT_MS == LOOP_RESERVE_WAIT_MS
 
 
 @pytest.mark.integration
@@ -50,3 +70,25 @@ def test_four_replicas_with_faults_keep_the_invariant_and_the_staleness_bound() 
     assert line["invariant_holds"] is True
     assert line["staleness_violations"] == 0 and line["max_served_staleness"] <= 1
     assert line["put_total"] > 0 and len(line["faults"]) == 2
+
+
+def test_simulated_slots_behave_as_the_rollout_loops_episode_slots() -> None:
+    import asyncio
+
+    from scale import Slots
+
+    from services.rollout.loop import EpisodeSlots
+
+    async def trace(slots: Slots | EpisodeSlots) -> list[int]:
+        out = [await slots.take_all()]  # all 3 free slots at once
+        waiter = asyncio.ensure_future(slots.take_all())
+        await asyncio.sleep(0)
+        assert not waiter.done()  # nothing free: the next take waits
+        slots.give()
+        slots.give(2)
+        out.append(await asyncio.wait_for(waiter, 5))
+        slots.give()
+        out.append(await slots.take_all())
+        return out
+
+    assert asyncio.run(trace(Slots(3))) == asyncio.run(trace(EpisodeSlots(3))) == [3, 3, 1]

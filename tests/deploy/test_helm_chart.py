@@ -979,6 +979,37 @@ def test_network_policies_ingress_and_egress_per_component(rendered):
     assert ("trainer", "any") in _reaches(gpu["rollout"])
     assert ("rollout", "any") in _reaches(gpu["trainer"])
     assert ("trainer", "any") not in _reaches(policies["rollout"])
+    assert ("rollout", "any") not in _reaches(gpu["rollout"])  # flat: replicas never dial
+
+
+def test_two_level_fanout_lets_replicas_reach_each_other(helm_check):
+    """With `trainer.weight_fanout: two_level` a relay replica re-broadcasts each bucket to
+    its node's replicas (services/trainer/fanout.py): rollout pods reach rollout pods on any
+    port, both ways; nothing else opens, and the flat fan-out keeps them apart. (The torch
+    engine of the default values: SGLang servers cannot relay, and the config refuses it.)"""
+    flat_values = {"trainer": {"weightTransport": "distributed"}, "rollout": {"replicaCount": 4}}
+    two_level_values = {
+        **flat_values,
+        "config": {"trainer": {"weight_fanout": "two_level", "weight_fanout_replicas_per_node": 2}},
+    }
+    objects = helm_check.render(two_level_values)
+    assert helm_check.validate_objects(objects) == []
+    two_level, flat = _policies(objects), _policies(helm_check.render(flat_values))
+    assert ("rollout", "any") in _reaches(two_level["rollout"])
+    assert ("rollout", "any") not in _reaches(flat["rollout"])
+    sources = [
+        peer["podSelector"]["matchLabels"].get("app.kubernetes.io/component")
+        for rule in two_level["rollout"]["ingress"]
+        for peer in rule.get("from") or []
+        if "podSelector" in peer and not rule.get("ports")
+    ]
+    assert sorted(sources) == ["rollout", "trainer"]  # any port: the trainer and the relays
+    for name in ("redis", "buffer", "reward", "trainer"):
+        assert two_level[name] == flat[name], name
+    assert len(two_level["rollout"]["ingress"]) == len(flat["rollout"]["ingress"]) + 1
+    assert len(two_level["rollout"]["egress"]) == len(flat["rollout"]["egress"]) + 1
+    config = yaml.safe_load(one(objects, "ConfigMap", "flywheel-config")["data"]["flywheel.yaml"])
+    assert config["trainer"]["weight_fanout"] == "two_level"
 
 
 def test_network_policy_options(helm_check):

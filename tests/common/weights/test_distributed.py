@@ -32,3 +32,11 @@ def test_flatten_unflatten_round_trip_keeps_every_dtype() -> None:
         assert flat.dtype == torch.uint8 and flat.numel() == bucket.nbytes
         out.update(unflatten_bucket(bucket, flat))
     assert_bit_identical(ts, out)
+
+
+def test_a_tensor_at_an_offset_its_dtype_cannot_view_is_unpacked_whole() -> None:
+    # 5 bf16 values (10 B) then float32: the float32 starts at byte 10, not a multiple of 4.
+    ts = {"a": torch.arange(5, dtype=torch.bfloat16), "b": torch.randn(3)}
+    (bucket,) = make_buckets(tensor_specs(ts), 1 << 10)
+    assert [s.name for s in bucket.specs] == ["a", "b"]
+    assert_bit_identical(ts, unflatten_bucket(bucket, flatten_bucket(bucket, ts)))
