@@ -166,6 +166,7 @@ def families(service: str) -> list[Family]:
     """Every family the service's metrics object registers, in registration order."""
     module = importlib.import_module(f"services.{service}.metrics")
     out: list[Family] = []
+    seen: set[str] = set()  # a part held by the service's object (AgentMetrics) is listed once
     for cls in _metrics_classes(module):
         registry = _RecordingRegistry()
         instance = cls(registry)
@@ -177,7 +178,9 @@ def families(service: str) -> list[Family]:
         exported = {r[0] for r in rows}
         hints = _hints_for(_owner_modules(instance, service), service, exported)
         for series, kind, labels, text in rows:
-            out.append(Family(series, kind, labels, text, hints.get(series, "") or NONE))
+            if series not in seen:
+                seen.add(series)
+                out.append(Family(series, kind, labels, text, hints.get(series, "") or NONE))
     return out
 
 

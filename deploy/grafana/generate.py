@@ -462,6 +462,55 @@ def system() -> db.Dashboard:
                 ],
             )
         )
+        .with_row(db.Row("Agents"))
+        .with_panel(
+            ts(
+                "Agent episodes",
+                "Agent episodes per second that finished, and failures by reason (error, timeout, max_turns, token_budget, ...); a failed episode is dropped from its group.",
+                [
+                    (f"sum(rate({ro}_agent_episodes_total[{RATE}]))", "finished"),
+                    (
+                        f"sum by (reason) (rate({ro}_agent_episode_failures_total[{RATE}]))",
+                        "failed {{reason}}",
+                    ),
+                ],
+                unit="ops",
+            )
+        )
+        .with_panel(
+            ts(
+                "Turns and duration per episode",
+                "Mean model calls per finished episode, and episode wall time (p50, p90).",
+                [
+                    (
+                        f"sum(rate({ro}_agent_episode_turns_sum[{RATE}])) / sum(rate({ro}_agent_episode_turns_count[{RATE}]))",
+                        "turns",
+                    ),
+                    (
+                        f"histogram_quantile(0.5, sum by (le) (rate({ro}_agent_episode_seconds_bucket[{RATE}])))",
+                        "seconds p50",
+                    ),
+                    (
+                        f"histogram_quantile(0.9, sum by (le) (rate({ro}_agent_episode_seconds_bucket[{RATE}])))",
+                        "seconds p90",
+                    ),
+                ],
+            )
+        )
+        .with_panel(
+            ts(
+                "Tool calls and template drift",
+                "Tool calls per second by tool and outcome (ok, error, timeout, memory, cpu), and session calls whose prompt re-rendered earlier turns (template drift: should stay 0).",
+                [
+                    (
+                        f"sum by (tool, outcome) (rate({ro}_agent_tool_calls_total[{RATE}]))",
+                        "{{tool}} {{outcome}}",
+                    ),
+                    (f"sum(rate({ro}_template_drift_total[{RATE}]))", "template drift"),
+                ],
+                unit="ops",
+            )
+        )
         .with_row(db.Row("Reward"))
         .with_panel(
             ts(

@@ -20,6 +20,10 @@ Key layout under the prefix `P` (a Redis Cluster hash tag keeps every key in one
                 m (pending member), c (consumer), dc (deliveries), t (put time), d (payload)
 - `P:idx`       sorted set of admitted group ids by oldest version (inspection/export)
 - `P:resv`      sorted set of capacity reservations, score = expiry time (ms)
+- `P:rr:<rollout>`  sorted set of one rollout's reservations, score = expiry time (ms): the
+                index that lets a rollout release all of its reservations without reading
+                every other replica's (entries leave with the reservation, expired ones at
+                that rollout's next reserve, and the key itself expires with its newest entry)
 - `P:retained`  sorted set of acked groups whose payload is kept for export (by ack time)
 - `P:rq:<kind>:<request_id>`  short-lived answers of retried requests
 
@@ -41,6 +45,16 @@ local RESV = P .. ':resv'
 local RETAINED = P .. ':retained'
 local function gkey(gid) return P .. ':g:' .. gid end
 local function rqkey(kind, rid) return P .. ':rq:' .. kind .. ':' .. rid end
+local function rrkey(rollout) return P .. ':rr:' .. rollout end
+-- A reservation id is "<rollout_id>#<seq>": its rollout is everything before the last '#'.
+local function resv_rollout(id) return string.match(id, '^(.*)#[^#]*$') end
+-- A reservation ends (fulfilled, released or refused): out of the set and its rollout's index.
+local function drop_resv(id)
+  local n = redis.call('ZREM', RESV, id)
+  local rollout = resv_rollout(id)
+  if rollout then redis.call('ZREM', rrkey(rollout), id) end
+  return n
+end
 local function int(x) return string.format('%d', x) end
 local function now_ms()
   local t = redis.call('TIME')
@@ -106,7 +120,7 @@ if redis.call('EXISTS', g) == 1 then
 end
 local now = now_ms()
 local function drop_at_put(reason)
-  if rid ~= '' then redis.call('ZREM', RESV, rid) end
+  if rid ~= '' then drop_resv(rid) end
   redis.call('HSET', g, 'st', 'dropped', 'why', reason, 'ov', int(ov), 'nv', int(nv), 'n', n,
              't', int(now))
   if tomb_ttl > 0 then redis.call('EXPIRE', g, tomb_ttl) end
@@ -126,7 +140,7 @@ local bytes = counter('stored_bytes')
 if stored + 1 > max_groups or bytes + #payload > max_bytes then
   return {'full', int(v), int(stored), int(bytes)}
 end
-if rid ~= '' then redis.call('ZREM', RESV, rid) end
+if rid ~= '' then drop_resv(rid) end
 local seq = redis.call('HINCRBY', CTR, 'seq', 1)
 local member = string.format('%016d', seq) .. ':' .. gid
 redis.call('ZADD', PENDING, int(ov), member)
@@ -152,7 +166,7 @@ local tomb_ttl, rq_ttl = tonumber(ARGV[5]), tonumber(ARGV[6])
 local v = version()
 if gid ~= '' and redis.call('EXISTS', gkey(gid)) == 1 then return {'seen', int(v)} end
 if rid ~= '' and redis.call('EXISTS', rqkey('put', rid)) == 1 then return {'seen', int(v)} end
-if resv ~= '' then redis.call('ZREM', RESV, resv) end
+if resv ~= '' then drop_resv(resv) end
 redis.call('HINCRBY', CTR, 'put', 1)
 redis.call('HINCRBY', CTR, 'dropped:invalid', 1)
 if gid ~= '' then
@@ -396,12 +410,16 @@ local cap = capacity(cv, mcr, bs, eta, qs)
 local grant = math.min(count, cap)
 local out = {int(v), int(cap - grant), 0}
 local ids = {}
+local rr = rrkey(rollout)
+if grant > 0 then redis.call('ZREMRANGEBYSCORE', rr, '-inf', int(now)) end
 for i = 1, grant do
   local id = rollout .. '#' .. redis.call('HINCRBY', CTR, 'resv_seq', 1)
   redis.call('ZADD', RESV, int(now + ttl), id)
+  redis.call('ZADD', rr, int(now + ttl), id)
   table.insert(ids, id)
   table.insert(out, id)
 end
+if grant > 0 then redis.call('PEXPIRE', rr, int(ttl)) end
 -- Only a grant is remembered: an empty answer changed nothing, so asking again under the
 -- same id (a held reserve, a retried call) must look at the capacity afresh.
 if rid ~= '' and grant > 0 then
@@ -415,13 +433,12 @@ return out
 RELEASE_ROLLOUT = (
     PRELUDE
     + r"""
-local prefix = ARGV[2] .. '#'
+local rr = rrkey(ARGV[2])
 local released = 0
-for _, id in ipairs(redis.call('ZRANGE', RESV, 0, -1)) do
-  if string.sub(id, 1, #prefix) == prefix then
-    released = released + redis.call('ZREM', RESV, id)
-  end
+for _, id in ipairs(redis.call('ZRANGE', rr, 0, -1)) do
+  released = released + redis.call('ZREM', RESV, id)
 end
+redis.call('DEL', rr)
 return released
 """
 )
@@ -431,7 +448,7 @@ RELEASE = (
     PRELUDE
     + r"""
 local released = 0
-for i = 2, #ARGV do released = released + redis.call('ZREM', RESV, ARGV[i]) end
+for i = 2, #ARGV do released = released + drop_resv(ARGV[i]) end
 return released
 """
 )

@@ -23,6 +23,7 @@ import numpy as np
 
 from flywheel_proto.v1 import common_pb2
 from services.common.codec import CodecLimits
+from services.common.image_bytes import images_problem
 from services.common.limits import MAX_ID_BYTES
 
 _INT: dict[str, np.dtype[Any]] = {"int32": np.dtype("<i4"), "int64": np.dtype("<i8")}
@@ -39,6 +40,8 @@ def fast_versions(
     gid = msg.group_id
     if not gid or not 0 < len(trajs) <= limits.max_trajectories:
         return None
+    if msg.images and images_problem(msg.images, limits.images) is not None:
+        return None  # the codec names the image that breaks a bound
     first = trajs[0]
     id_dt, mask_dt = first.input_ids.dtype, first.loss_mask.dtype
     lp_dt, ver_dt = first.logprobs.dtype, first.versions.dtype

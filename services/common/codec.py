@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from flywheel_proto.v1 import common_pb2, rollout_pb2
+from services.common.image_bytes import ImageLimits, images_problem
 from services.core.types import Completion, SamplingParams, Trajectory, TrajectoryGroup
 
 _DTYPES: dict[str, np.dtype] = {
@@ -50,6 +51,8 @@ class CodecLimits:
     max_tokens: int = 1 << 20
     max_trajectories: int = 1024
     max_metadata_bytes: int = 64 << 10
+    images: ImageLimits = ImageLimits()
+    """Count, bytes and pixels of a group's encoded images (`services.common.image_bytes`)."""
 
 
 def array_to_tensor(arr: np.ndarray) -> common_pb2.Tensor:
@@ -187,6 +190,7 @@ def group_to_proto(g: TrajectoryGroup) -> common_pb2.TrajectoryGroup:
         rollout_id=g.rollout_id,
         created_unix_ms=int(g.created_unix_ms),
         metadata=dict(g.metadata),
+        images=list(g.images),
     )
 
 
@@ -213,6 +217,10 @@ def group_from_proto(
                 f"trajectory {t.trajectory_id!r} says group {t.group_id!r}, "
                 f"inside group {msg.group_id!r}"
             )
+    images = list(msg.images)
+    problem = images_problem(images, limits.images)
+    if problem is not None:
+        raise CodecError(f"group {msg.group_id!r}: {problem}")
     return TrajectoryGroup(
         group_id=msg.group_id,
         trajectories=trajectories,
@@ -221,6 +229,7 @@ def group_from_proto(
         rollout_id=msg.rollout_id,
         created_unix_ms=int(msg.created_unix_ms),
         metadata=dict(msg.metadata),
+        images=images,
     )
 
 

@@ -11,13 +11,18 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 
-def build_app(name: str, registry: CollectorRegistry, ready: Callable[[], bool]) -> FastAPI:
+def build_app(
+    name: str, registry: CollectorRegistry, ready: Callable[[], bool], extra: Any = None
+) -> FastAPI:
+    """The side app; `extra` (an ASGI app) serves every other path, e.g. a replica's
+    OpenAI-compatible API, behind its own authentication (probes stay open)."""
     app = FastAPI(title=f"flywheel-{name}", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.get("/healthz")
@@ -34,6 +39,8 @@ def build_app(name: str, registry: CollectorRegistry, ready: Callable[[], bool])
     def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
+    if extra is not None:
+        app.mount("/", extra)
     return app
 
 
@@ -47,11 +54,12 @@ class MetricsServer:
         ready: Callable[[], bool],
         host: str = "127.0.0.1",
         port: int = 0,
+        extra: Any = None,
     ) -> None:
         self.name = name
         self.host = host
         self.port = port
-        self._app = build_app(name, registry, ready)
+        self._app = build_app(name, registry, ready, extra)
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 

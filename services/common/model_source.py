@@ -339,3 +339,24 @@ def resolve_config_sources(cfg: Any) -> list[str]:
         buffer_cfg.tokenizer_path = resolve_model_path(value)  # type: ignore[union-attr]
         changed.append("buffer.tokenizer_path")
     return changed
+
+
+def auto_model_class(path: str | os.PathLike[str]) -> Any:
+    """The `transformers` auto class that loads the checkpoint as a generating model:
+    `AutoModelForImageTextToText` for a vision-language model (its config has a
+    `vision_config`: Qwen2-VL, Qwen2.5-VL, the tiny VLM), else `AutoModelForCausalLM`.
+    Rollout and trainer load through it, so a user's VLM directory takes the same path as
+    the tiny one."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText if is_vision_model_dir(path) else AutoModelForCausalLM
+
+
+def is_vision_model_dir(path: str | os.PathLike[str]) -> bool:
+    """Whether the checkpoint (a directory or a model source) is a vision-language model:
+    its `config.json` has a `vision_config`."""
+    cfg_file = Path(resolve_model_path(path)) / "config.json"
+    try:
+        return "vision_config" in json.loads(cfg_file.read_text())
+    except (OSError, ValueError):
+        return False

@@ -21,7 +21,9 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 PAD_TOKEN = "<pad>"
 EOS_TOKEN = "<eos>"
@@ -87,12 +89,14 @@ def _settings(
     }
 
 
-def _already_written(path: Path, settings: dict[str, int]) -> bool:
-    marker = path / MARKER_FILE
+def _already_written(
+    path: Path, settings: Mapping[str, int], marker_name: str = MARKER_FILE
+) -> bool:
+    marker = path / marker_name
     if not marker.is_file():
         return False
     try:
-        return json.loads(marker.read_text()) == settings
+        return bool(json.loads(marker.read_text()) == settings)
     except (OSError, ValueError):
         return False
 
@@ -135,11 +139,7 @@ def write_tiny_model(
     )
     if _already_written(path, settings):
         return path
-    if path.exists() and any(path.iterdir()):
-        raise FileExistsError(
-            f"{path} exists and does not hold a tiny model with settings {settings}; "
-            "choose an empty or new directory"
-        )
+    refuse_foreign_dir(path, settings)
 
     import torch
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
@@ -180,19 +180,36 @@ def write_tiny_model(
         clean_up_tokenization_spaces=False,
     )
 
+    return publish_dir(path, settings, (model, hf_tok))
+
+
+def refuse_foreign_dir(path: Path, settings: Mapping[str, int]) -> None:
+    """Raise unless `path` is absent or empty (never overwrite another model or files)."""
+    if path.exists() and any(path.iterdir()):
+        raise FileExistsError(
+            f"{path} exists and does not hold a tiny model with settings {dict(settings)}; "
+            "choose an empty or new directory"
+        )
+
+
+def publish_dir(
+    path: Path, settings: Mapping[str, int], parts: Iterable[Any], marker: str = MARKER_FILE
+) -> Path:
+    """Save every part (`save_pretrained`) and the settings marker into a temporary sibling
+    and move it to `path` in one rename, so readers see no directory or a complete one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        hf_tok.save_pretrained(tmp)
-        (tmp / MARKER_FILE).write_text(json.dumps(settings, indent=1, sort_keys=True))
+        for part in parts:
+            part.save_pretrained(tmp)
+        (tmp / marker).write_text(json.dumps(settings, indent=1, sort_keys=True))
         if path.exists():
-            path.rmdir()  # empty (checked above)
+            path.rmdir()  # empty (checked by the caller)
         try:
             os.replace(tmp, path)
         except OSError:
             # Another process won the race; accept its copy if it is the same model.
-            if not _already_written(path, settings):
+            if not _already_written(path, settings, marker):
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

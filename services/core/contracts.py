@@ -75,15 +75,29 @@ class InferenceEngine(Protocol):
     """The model's Hugging Face tokenizer, or None when the engine has none."""
 
     async def agenerate(
-        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, request_id: str | None = None
+        self,
+        prompt_ids: Sequence[int],
+        sampling: SamplingParams,
+        *,
+        request_id: str | None = None,
+        images: Sequence[bytes] | None = None,
     ) -> Completion:
-        """One completion of `prompt_ids` (`sampling.n_samples` is ignored)."""
+        """One completion of `prompt_ids` (`sampling.n_samples` is ignored).
+
+        `images`: the prompt's encoded images (PNG/JPEG bytes) in the order of the image
+        placeholders in `prompt_ids`; an engine serving a text-only model refuses them with
+        `ValueError` rather than dropping them."""
         ...
 
     async def agenerate_n(
-        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, request_id: str | None = None
+        self,
+        prompt_ids: Sequence[int],
+        sampling: SamplingParams,
+        *,
+        request_id: str | None = None,
+        images: Sequence[bytes] | None = None,
     ) -> list[Completion]:
-        """`sampling.n_samples` completions of one prompt."""
+        """`sampling.n_samples` completions of one prompt (with its `images`, if any)."""
         ...
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
@@ -101,6 +115,10 @@ def _ignore_status(status: str) -> None:
     """The default `on_reward_failure`: nothing to count."""
 
 
+def _ignore_images(images: int, image_tokens: int, processor_seconds: float) -> None:
+    """The default `on_images`: nothing to count."""
+
+
 @dataclass
 class WorkflowContext:
     """Everything a workflow needs besides the engine and the row."""
@@ -111,6 +129,12 @@ class WorkflowContext:
     on_failure: Literal["zero", "drop_group"] = "zero"
     # Called with the reward status of every failed score (metrics).
     on_reward_failure: Callable[[str], None] = _ignore_status
+    # The model's processor (chat template with image placeholders, image processor) when
+    # it reads images (`vision_rlvr`); None for a text model.
+    processor: Any = None
+    # Called once per prompt with images: how many, the prompt's image tokens, and the
+    # seconds the processor took to build the prompt (metrics).
+    on_images: Callable[[int, int, float], None] = _ignore_images
 
 
 @runtime_checkable

@@ -65,6 +65,12 @@ class TrajectoryGroup:
     rollout_id: str = ""
     created_unix_ms: int = 0
     metadata: dict[str, str] = field(default_factory=dict)
+    images: list[bytes] = field(default_factory=list)
+    """The prompt's images, encoded (PNG/JPEG bytes), in prompt order; empty for text.
+
+    Carried once per group, not per sample: every completion of the group shares the
+    prompt, and encoded bytes are a fraction of the pixel tensors the processor rebuilds
+    from them where they are needed (the trainer)."""
 
     @property
     def oldest_version(self) -> int:
@@ -86,7 +92,7 @@ class TrajectoryGroup:
         return sum(
             t.input_ids.nbytes + t.loss_mask.nbytes + t.logprobs.nbytes + t.versions.nbytes
             for t in self.trajectories
-        )
+        ) + sum(len(image) for image in self.images)
 
 
 # --------------------------------------------------------------- sampling, completions

@@ -58,10 +58,16 @@ def reset_if_finished(run_dir: Path) -> bool:
 
 
 def prepare_data(cfg: FlywheelConfig, run_dir: Path) -> None:
-    """Generate the built-in arithmetic splits when the datasets name no file."""
+    """Generate the built-in splits (arithmetic, or the counting images of a vision run)
+    when the datasets name no file."""
     from services.rollout.data import arithmetic
     from services.rollout.data.arithmetic import write_jsonl
 
+    if cfg.train_dataset.builtin == "counting" or (
+        cfg.valid_dataset is not None and cfg.valid_dataset.builtin == "counting"
+    ):
+        _prepare_counting(cfg, run_dir)
+        return
     if cfg.train_dataset.path is None:
         path = run_dir / "data" / "train.jsonl"
         if not path.exists():
@@ -80,23 +86,70 @@ def prepare_data(cfg: FlywheelConfig, run_dir: Path) -> None:
         cfg.valid_dataset.path = str(path)
 
 
+def _prepare_counting(cfg: FlywheelConfig, run_dir: Path) -> None:
+    """The counting splits (rows, and PNGs beside them) of a vision run's built-in data."""
+    from services.rollout.data import counting
+
+    if cfg.rollout.workflow != "vision_rlvr":
+        raise ValueError(
+            "train_dataset.builtin: counting holds images: set rollout.workflow: vision_rlvr"
+        )
+    size = cfg.launcher.tiny_vlm.image_size
+    splits: tuple[tuple[counting.Split, Any], ...] = (
+        ("train", cfg.train_dataset),
+        ("valid", cfg.valid_dataset),
+    )
+    for split, ds in splits:
+        if ds is None or ds.path is not None:
+            continue
+        path = run_dir / "data" / f"{split}.jsonl"
+        if not path.exists():  # written last, after its images
+            counting.write_split(path.parent, split, ds.builtin_size, seed=cfg.seed, size=size)
+        ds.path = str(path)
+
+
 def prepare_model(cfg: FlywheelConfig, run_dir: Path, log: Any = print) -> None:
-    """Write the tiny model (and its supervised warm start) when `actor.path` is empty."""
+    """Write the tiny model (and its supervised warm start) when `actor.path` is empty: the
+    tiny Qwen2-VL (`launcher.tiny_vlm`) for a vision run, else the tiny Qwen2."""
     from services.common.tiny_model import write_tiny_model
 
     if cfg.actor.path:
         from services.common.model_source import resolve_config_sources
 
         resolve_config_sources(cfg)  # GGUF sources: converted once, before any service starts
+        ws = cfg.launcher.warm_start
+        if ws.enabled and ws.steps > 0 and ws.rows_fn:  # a given model's own warm start
+            from services.launcher.warmstart_given import warm_start_given
+
+            given = str(cfg.actor.path)
+            tuned = str(warm_start_given(cfg, run_dir, log=log))
+            for sub in (cfg.actor, cfg.ref, cfg.critic):
+                if sub is not None and sub.path in ("", given):
+                    sub.path = tuned
         return
-    tm = cfg.launcher.tiny_model
-    base = write_tiny_model(
-        run_dir / "model" / "base",
-        hidden_size=tm.hidden_size,
-        num_layers=tm.num_layers,
-        num_heads=tm.num_heads,
-        seed=tm.seed,
-    )
+    vision = cfg.rollout.workflow == "vision_rlvr"
+    if vision:
+        from services.common.tiny_vlm import write_tiny_vlm
+
+        tv = cfg.launcher.tiny_vlm
+        base = write_tiny_vlm(
+            run_dir / "model" / "base",
+            image_size=tv.image_size,
+            hidden_size=tv.hidden_size,
+            num_layers=tv.num_layers,
+            vision_dim=tv.vision_dim,
+            vision_depth=tv.vision_depth,
+            seed=tv.seed,
+        )
+    else:
+        tm = cfg.launcher.tiny_model
+        base = write_tiny_model(
+            run_dir / "model" / "base",
+            hidden_size=tm.hidden_size,
+            num_layers=tm.num_layers,
+            num_heads=tm.num_heads,
+            seed=tm.seed,
+        )
     path = base
     ws = cfg.launcher.warm_start
     if ws.enabled and ws.steps > 0:
@@ -115,6 +168,7 @@ def prepare_model(cfg: FlywheelConfig, run_dir: Path, log: Any = print) -> None:
                 prompt_key=cfg.train_dataset.prompt_key,
                 device=cfg.trainer.device,
                 log=log,
+                images_dir=Path(cfg.train_dataset.path).parent if vision else None,  # type: ignore[arg-type]
             )
             log(
                 f"warm start done in {stats['warm_start_seconds']:.1f}s, loss {stats['warm_start_loss']:.4f}"

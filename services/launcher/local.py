@@ -28,6 +28,7 @@ from typing import Any
 from services.common.config import FlywheelConfig
 from services.common.redis_server import RedisServer
 from services.launcher import assets, run_summary
+from services.launcher.agent_eval import AgentEvalResult, AgentEvaluator
 from services.launcher.evaluation import EvalResult, evaluate, resume_step
 from services.launcher.metrics_log import MetricsTail
 from services.launcher.processes import (
@@ -38,11 +39,12 @@ from services.launcher.processes import (
     describe_exit,
     wait_until_serving,
 )
+from services.launcher.progress import ProgressLine
 from services.launcher.report import (
     scrape_metrics,
 )
 from services.launcher.restarts import GaveUp, RestartLog, say
-from services.launcher.starvation import Snapshot, as_record, diagnose
+from services.launcher.starvation_watch import StarvationWatch
 from services.rollout.data.datasets import read_rows
 from services.trainer.lifecycle import write_json_atomic
 from services.trainer.paths import RunPaths
@@ -90,8 +92,9 @@ class LocalRun:
         )
         self.restarts = self.restart_log.records  # the same list
         self._killed_because = self.restart_log.killed_because  # the same dict
-        self._last_progress_line = 0.0
         self.start_time = time.time()
+        self.progress = ProgressLine(self.start_time)
+        self.agent_eval: AgentEvaluator | None = None  # an agent run's, made on first use
 
     # ---- preparation -------------------------------------------------------------------
     def prepare(self) -> Path:
@@ -238,27 +241,45 @@ class LocalRun:
             self.redis.stop()
         for probe in self.liveness.values():
             probe.close()
+        if self.agent_eval is not None:
+            self.agent_eval.close()
 
     # ---- evaluation --------------------------------------------------------------------
-    def evaluate(self, step: int) -> EvalResult | None:
+    def evaluate(self, step: int) -> EvalResult | AgentEvalResult | None:
         if self.cfg.valid_dataset is None or not self.cfg.valid_dataset.path:
             return None
         ec = self.cfg.launcher.eval
         rows = read_rows(self.cfg.valid_dataset.path)[: ec.n_prompts]
         s = self.cfg.services
-        result = evaluate(
-            s.rollout.replica_address(0),
-            s.reward.address,
-            rows,
-            prompt_key=self.cfg.valid_dataset.prompt_key,
-            answer_key=self.cfg.valid_dataset.answer_key,
-            reward_fn=self.cfg.reward.fn,
-            temperature=ec.temperature,
-            max_new_tokens=ec.max_new_tokens or self.cfg.gconfig.max_new_tokens,
-            auth_token=self.secrets.launcher_token,
-            max_message_bytes=s.max_message_bytes,
-            seed=self.cfg.seed + 1000 * step,
-        )
+        vision: dict[str, Any] = {}
+        if self.cfg.rollout.workflow == "vision_rlvr":  # the rows' images go with them
+            from services.common.vision_inputs import load_vision_processor
+
+            data = Path(self.cfg.valid_dataset.path)
+            vision = {
+                "processor": load_vision_processor(self.cfg.actor.path),
+                "base_dir": data if data.is_dir() else data.parent,
+            }
+        result: EvalResult | AgentEvalResult
+        if self.cfg.rollout.workflow == "agent":  # the agent itself, on the replicas' API
+            if self.agent_eval is None:
+                self.agent_eval = AgentEvaluator()
+            result = self.agent_eval.evaluate_run(self.cfg, rows, self.secrets.launcher_token)
+        else:
+            result = evaluate(
+                s.rollout.replica_address(0),
+                s.reward.address,
+                rows,
+                prompt_key=self.cfg.valid_dataset.prompt_key,
+                answer_key=self.cfg.valid_dataset.answer_key,
+                reward_fn=self.cfg.reward.fn,
+                temperature=ec.temperature,
+                max_new_tokens=ec.max_new_tokens or self.cfg.gconfig.max_new_tokens,
+                auth_token=self.secrets.launcher_token,
+                max_message_bytes=s.max_message_bytes,
+                seed=self.cfg.seed + 1000 * step,
+                **vision,
+            )
         record = {
             "step": step,
             "version": result.version,
@@ -269,6 +290,8 @@ class LocalRun:
             "failures": result.failures,
             "wall_time": time.time(),
         }
+        if isinstance(result, AgentEvalResult):  # tool-call and tool-success rates
+            record.update(result.record())
         self.evals.append(record)
         with open(self.run_dir / "evals.jsonl", "a") as fh:
             fh.write(json.dumps(record) + "\n")
@@ -280,6 +303,7 @@ class LocalRun:
         say(
             f"eval at step {step} ({seen}): accuracy {result.accuracy:.3f} "
             f"over {result.n} held-out prompts"
+            + (f"; {result.describe_tools()}" if isinstance(result, AgentEvalResult) else "")
         )
         return result
 
@@ -326,17 +350,16 @@ class LocalRun:
         self.tail = MetricsTail(self.trainer_paths.metrics_jsonl)
         freq = self.cfg.launcher.eval.freq_steps
         last_scrape = last_probe = 0.0
-        self._progress_mark: tuple[int, int] = (-1, -1)
-        self._waiting_since = time.monotonic()
-        self._starve_before: Snapshot | None = None
-        self._starve_next = self.cfg.launcher.starvation_timeout_seconds
+        starvation = StarvationWatch(
+            self.cfg, self.run_dir, self.secrets.launcher_token, self._reward_up
+        )
         next_eval = freq if freq > 0 else None
         total = self.cfg.total_train_steps
         while True:
             self.tail.poll()
             step = self.last_step
             if self.cfg.launcher.progress:
-                self._progress(step, total)
+                self.progress.show(self.tail, step, total, self.restarts)
             trainer = self._proc("trainer")
             if next_eval is not None and step >= next_eval and trainer.alive():
                 try:
@@ -361,7 +384,7 @@ class LocalRun:
                 if total and self.last_step < total:
                     say(f"trainer stopped (exit 0) at step {self.last_step} of {total}")
                 return 0
-            self._watch_starvation(trainer)
+            starvation.check(self.tail, trainer)
             if time.monotonic() - last_probe >= self.cfg.launcher.liveness_period_seconds:
                 self._kill_the_silent()
                 last_probe = time.monotonic()
@@ -370,68 +393,8 @@ class LocalRun:
                     self._restart(proc)  # a trainer done since the check above: next round
             time.sleep(1.0)
 
-    def _watch_starvation(self, trainer: ServiceProcess) -> None:
-        """No step for `starvation_timeout_seconds` while the trainer waits for data: name
-        the stage that holds the run (see `starvation.py`), then again every timeout."""
-        timeout = self.cfg.launcher.starvation_timeout_seconds
-        mark = (len(self.tail.records), len(self.tail.superseded))
-        if mark != self._progress_mark:
-            self._progress_mark = mark
-            self._waiting_since = time.monotonic()
-            self._starve_before, self._starve_next = None, timeout
-            (self.run_dir / "starvation.json").unlink(missing_ok=True)
-            return
-        if timeout is None or self._starve_next is None or not trainer.alive():
-            return
-        waited = time.monotonic() - self._waiting_since
-        if self._starve_before is None and waited >= timeout / 2:
-            self._starve_before = self._snapshot()
-        if self._starve_before is None or waited < self._starve_next:
-            return
-        self._starve_next += timeout
-        if self._trainer_phase() != "waiting_for_data":
-            return  # a long step, a checkpoint or a weight push is not starvation
-        now = self._snapshot()
-        verdict = diagnose(
-            self._starve_before, now, batch=self.cfg.rollout.consumer_batch_size, waited_s=waited
-        )
-        write_json_atomic(
-            self.run_dir / "starvation.json", as_record(self._starve_before, now, verdict)
-        )
-        self._starve_before = now
-        say(
-            f"starving: no training step for {waited:.0f}s: {verdict['stage']} "
-            f"({verdict['detail']})"
-        )
-
-    def _trainer_phase(self) -> str | None:
-        from flywheel_proto.v1 import common_pb2, trainer_pb2_grpc
-
-        msg = self._ask(
-            self.cfg.services.trainer.address,
-            lambda ch: trainer_pb2_grpc.TrainerServiceStub(ch).Status(
-                common_pb2.Empty(), timeout=3
-            ),
-        )
-        return None if msg is None else str(msg["phase"])
-
-    def _snapshot(self) -> Snapshot:
-        from flywheel_proto.v1 import buffer_pb2_grpc, common_pb2, rollout_pb2_grpc
-
-        s = self.cfg.services
-        buffer = self._ask(
-            s.buffer.address,
-            lambda ch: buffer_pb2_grpc.BufferServiceStub(ch).Stats(common_pb2.Empty(), timeout=3),
-        )
-        rollouts = {
-            f"rollout-{i}": self._ask(
-                s.rollout.replica_address(i),
-                lambda ch: rollout_pb2_grpc.RolloutServiceStub(ch).Stats(
-                    common_pb2.Empty(), timeout=3
-                ),
-            )
-            for i in range(self.cfg.rollout.n_replicas)
-        }
+    def _reward_up(self) -> bool:
+        """Whether the reward service runs and answered its last health checks."""
         reward = next((p for p in self.procs if p.name == "reward"), None)
         probe = self.liveness.get("reward")
         reward_up = reward is not None and reward.alive()
@@ -439,26 +402,7 @@ class LocalRun:
             reward_up = (
                 reward_up and probe.silent_for() < 2 * self.cfg.launcher.liveness_period_seconds
             )
-        return Snapshot(time.time(), buffer, rollouts, reward_up)
-
-    def _ask(self, address: str, call: Any) -> dict[str, Any] | None:
-        """One unary call's answer as a dict, or None when the service does not answer."""
-        import grpc
-        from google.protobuf.json_format import MessageToDict
-
-        from services.common.grpc_client import make_sync_channel
-
-        ch = make_sync_channel(address, auth_token=self.secrets.launcher_token)
-        try:
-            return MessageToDict(
-                call(ch),
-                preserving_proto_field_name=True,
-                always_print_fields_with_no_presence=True,
-            )
-        except grpc.RpcError:
-            return None
-        finally:
-            ch.close()
+        return reward_up
 
     def _kill_the_silent(self) -> None:
         """Probe every running service; one silent for `liveness_timeout_seconds` is killed
@@ -539,35 +483,6 @@ class LocalRun:
         for name, series in scrape_metrics(self._addresses()).items():
             if series:
                 self.scraped[name] = series
-
-    def _progress(self, step: int, total: int | None) -> None:
-        last = self.tail.last
-        elapsed = time.time() - self.start_time
-        samples = sum(r.get("samples", 0) for r in self.tail.records)
-        bar = ""
-        if total:
-            done = int(30 * min(step, total) / total)
-            bar = "[" + "#" * done + "." * (30 - done) + f"] {step}/{total} "
-        line = (
-            f"\r{bar}v{last.get('version', 0)} reward {last.get('task_reward', float('nan')):.3f} "
-            f"staleness {last.get('staleness_max', 0)} {samples / max(elapsed, 1e-9):.1f} samples/s "
-            f"{elapsed:.0f}s"
-        )
-        if self.restarts:
-            last_r = self.restarts[-1]
-            line += (
-                f" restarts {len(self.restarts)} (last: {last_r.service}, {last_r.exit}, "
-                f"{time.time() - last_r.died_at:.0f}s ago)"
-            )
-        if sys.stderr.isatty():
-            sys.stderr.write(line)
-        elif time.monotonic() - self._last_progress_line >= 15.0:
-            # Logs and CI: one plain line every 15 s instead of a redrawn bar.
-            sys.stderr.write(line.lstrip("\r") + "\n")
-            self._last_progress_line = time.monotonic()
-        else:
-            return
-        sys.stderr.flush()
 
     def finish(self) -> dict[str, Any]:
         s = self.cfg.services

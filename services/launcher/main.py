@@ -34,7 +34,7 @@ def eval_main(argv: list[str]) -> int:
     """
     from services.common.redis_server import RedisServer  # noqa: F401  (documented dependency)
     from services.launcher import assets
-    from services.launcher.evaluation import evaluate
+    from services.launcher.evaluation import evaluate, vision_eval_inputs
     from services.launcher.processes import ServiceProcess, wait_until_serving
     from services.rollout.data.datasets import read_rows
 
@@ -93,6 +93,7 @@ def eval_main(argv: list[str]) -> int:
             temperature=cfg.launcher.eval.temperature,
             max_new_tokens=cfg.launcher.eval.max_new_tokens or cfg.gconfig.max_new_tokens,
             auth_token=run_secrets.launcher_token,
+            **vision_eval_inputs(cfg, data),
         )
         print(json.dumps({"checkpoint": cfg.actor.path, "data": data, **result.__dict__}))
         return 0

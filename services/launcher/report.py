@@ -137,6 +137,10 @@ def write_learning_curve(
             "o-",
             label="held-out accuracy (T=1.0)",
         )
+        for name, style in (("tool_call_rate", "s--"), ("tool_success_rate", "^--")):
+            if any(e.get(name) is not None for e in evals):  # an agent run's evaluations
+                points = [(e["step"], e[name]) for e in evals if e.get(name) is not None]
+                ax.plot(*zip(*points, strict=True), style, label=f"held-out {name}")
     ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel("step")
     ax.legend(loc="lower right")

@@ -40,6 +40,18 @@ def buffer_stats(address: str, auth_token: str | None) -> dict[str, Any]:
         ch.close()
 
 
+def tool_rates(evals: list[dict[str, Any]]) -> dict[str, Any]:
+    """An agent run's first and last held-out tool-call and tool-success rates (the
+    evaluations of `agent_eval.py` carry them); nothing for other runs."""
+    if not evals or "tool_call_rate" not in evals[0]:
+        return {}
+    return {
+        f"{when}_{name}": evals[i].get(name)
+        for when, i in (("initial", 0), ("final", -1))
+        for name in ("tool_call_rate", "tool_success_rate")
+    }
+
+
 def write(
     cfg: FlywheelConfig,
     run_dir: Path,
@@ -83,6 +95,7 @@ def write(
         "invariants_ok": all(v["ok"] for v in invariants.values()),
         "invariants": invariants,
         "final_task_reward": records[-1].get("task_reward") if records else None,
+        **tool_rates(evals),
         "samples": sum(r.get("samples", 0) for r in records),
         "evals": evals,
         "buffer": buffer_stats,

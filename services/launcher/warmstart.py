@@ -15,6 +15,11 @@ then constant or a cosine to 0.1 x the peak), `label_smoothing` -> the SFT loss'
 smoothing, `seed` -> the data order. The run lives in `<out_dir>-run/` (its rows as
 `data.jsonl`, `sft_metrics.jsonl`, `sft/summary.json`, `sft/hf`, TensorBoard events);
 its export is copied to `out_dir`, and `warm_start.json`, written last, marks it done.
+
+A vision run (the tiny Qwen2-VL on the counting images) warms up the same way: the rows keep
+their images (paths made absolute) and their answers as they are (the digit the
+`clevr_count` reward reads), and `flywheel sft` trains the VLM on the answer tokens with
+each row's image through the model's processor (`services/trainer/sft_vision.py`).
 """
 
 from __future__ import annotations
@@ -31,6 +36,17 @@ from services.common.config.launcher import WarmStartConfig
 
 MIN_LR_RATIO = 0.1
 """Where the cosine of `cosine_decay` ends, as a fraction of the peak rate."""
+
+
+def vision_row(row: dict[str, Any], prompt_key: str, images_dir: Path) -> dict[str, Any]:
+    """A vision row as the warm start trains on it: its question, its answer unchanged (the
+    reward reads the number as the policy writes it) and its image paths made absolute."""
+    from services.launcher.evaluation import question_of
+
+    cell = row["images"] if "images" in row else row.get("image")
+    cells = cell if isinstance(cell, list) else [cell]
+    images = [str(images_dir / c) if isinstance(c, str) else c for c in cells]
+    return {"prompt": question_of(row, prompt_key), "answer": str(row["answer"]), "images": images}
 
 
 def target_text(row: dict[str, Any]) -> str:
@@ -87,9 +103,12 @@ def warm_start(
     prompt_key: str = "prompt",
     device: str = "cpu",
     log: Any = print,
+    images_dir: Path | None = None,
 ) -> dict[str, float]:
     """Fine-tune `model_dir` on (prompt -> answer) rows with `flywheel sft` and write the
-    result to `out_dir` (a Hugging Face directory with `warm_start.json`)."""
+    result to `out_dir` (a Hugging Face directory with `warm_start.json`). `images_dir`:
+    the rows hold images (a vision run; their paths are relative to it), and `model_dir`
+    is a vision-language model."""
     from services.trainer.sft import run_sft
 
     run_dir = sft_run_dir(out_dir)
@@ -98,7 +117,11 @@ def warm_start(
     data_path = run_dir / "data.jsonl"
     with data_path.open("w", encoding="utf-8") as fh:
         for row in train_rows:
-            fh.write(json.dumps({"prompt": row[prompt_key], "answer": target_text(row)}) + "\n")
+            if images_dir is not None:
+                out = vision_row(row, prompt_key, images_dir)
+            else:
+                out = {"prompt": row[prompt_key], "answer": target_text(row)}
+            fh.write(json.dumps(out) + "\n")
 
     def progress(record: dict[str, Any]) -> None:
         step = int(record["step"])

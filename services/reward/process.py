@@ -223,8 +223,10 @@ async def spawn_worker(
     preload: tuple[str, ...] = (),
     warmup: tuple[str, ...] = (),
     start_timeout_s: float = 120.0,
+    module: str = "services.reward.worker",
 ) -> WorkerProcess:
-    """Start `python -m services.reward.worker`, send its init frame, wait until ready.
+    """Start `python -m <module>` (the reward worker, or the tool worker of
+    `services.reward.tools`: same frames, same limits), send its init frame, wait until ready.
 
     The worker leads its own session (so a kill reaches everything it forked), imports the
     project from PROJECT_ROOT whatever the service's cwd, and sees the service's sys.path
@@ -246,7 +248,7 @@ async def spawn_worker(
             _WorkerProtocol,
             sys.executable,
             "-m",
-            "services.reward.worker",
+            module,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=None,

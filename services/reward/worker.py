@@ -199,20 +199,32 @@ def _take_private_fds() -> tuple[int, int]:
     return proto_in, proto_out
 
 
-def main() -> int:
+def begin_worker(role: str) -> tuple[int, int, dict[str, Any]] | None:
+    """The start-up every worker process shares (this one and the tool worker of
+    `services.reward.tools`): die with the parent, become a subreaper, move the protocol
+    to private descriptors, read the init frame, take its sys.path, handle SIGXCPU.
+    Returns `(proto_in, proto_out, init)`, or None when no init frame came."""
     _die_with_parent()
     become_subreaper()  # before any user code runs: nothing it starts escapes the worker
     proto_in, proto_out = _take_private_fds()
     init = read_frame_fd(proto_in)
     if init is None or init.get("op") != "init":
-        print("reward worker: expected an init frame", file=sys.stderr)
-        return 2
+        print(f"{role}: expected an init frame", file=sys.stderr)
+        return None
     for entry in reversed(init.get("sys_path", [])):
         if entry not in sys.path:
             sys.path.insert(0, entry)
     signal.signal(signal.SIGXCPU, _on_sigxcpu)
     # The service handles Ctrl-C; a worker dies with its process group, not on SIGINT.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return proto_in, proto_out, init
+
+
+def main() -> int:
+    started = begin_worker("reward worker")
+    if started is None:
+        return 2
+    proto_in, proto_out, init = started
     worker = Worker(float(init.get("cpu_seconds", 0)), int(init.get("memory_bytes", 0)))
     for path in init.get("preload", []):
         try:

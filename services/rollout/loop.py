@@ -75,6 +75,7 @@ class EpisodeSlots:
 class LoopStats:
     groups_started: int = 0
     groups_produced: int = 0
+    reserves_reissued: int = 0  # held Reserves asked again because new weights arrived
     rejected: dict[str, int] = field(default_factory=dict)
 
     def reject(self, reason: str) -> None:
@@ -131,6 +132,7 @@ class RolloutLoop:
         self._unreleased: set[str] = set()  # reservations a failed release left held
         self._releaser: asyncio.Task[None] | None = None
         self._reserve_rid: str | None = None  # a reserve whose answer never came
+        self._new_weights = asyncio.Event()  # set by weights_changed()
 
     # ---------------------------------------------------------------- control
 
@@ -158,6 +160,13 @@ class RolloutLoop:
     async def resume(self) -> None:
         await self.engine.resume()
         self._running.set()
+
+    def weights_changed(self) -> None:
+        """The engine serves new weights: a Reserve the buffer holds now is asked again with
+        the new served version (the budget a new version opens counts from the version a
+        replica serves, so a held call that still says the old one waits out its hold for
+        nothing). Called by the servicer after every weight update that loaded."""
+        self._new_weights.set()
 
     def start(self) -> asyncio.Task[None]:
         self._main = asyncio.create_task(self.run(), name="rollout-loop")
@@ -215,19 +224,15 @@ class RolloutLoop:
         # if the buffer had granted it before the answer was lost, it hands back those ids.
         self._reserve_rid = self._reserve_rid or f"reserve-{uuid.uuid4().hex}"
         try:
-            served = getattr(self.engine, "version", None)
-            reservation = await self.buffer.reserve(
-                held,
-                rollout_id=self.rollout_id,
-                request_id=self._reserve_rid,
-                served_version=served if isinstance(served, int) else None,
-                wait_ms=self.reserve_wait_ms,
-            )
+            reservation = await self._reserve(held)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - buffer down: back off and retry
             log.warning("capacity reservation failed", extra={"error": str(exc)})
             await self._wait(1.0)
+            return held
+        if reservation is None:  # new weights during the hold: ask again, same request id
+            self.stats.reserves_reissued += 1
             return held
         self._reserve_rid = None
         await self._maybe_catch_up(reservation.version)
@@ -251,6 +256,35 @@ class RolloutLoop:
             # A buffer that held the call answers retry_after_ms 0: ask again at once.
             await self._wait(max(reservation.retry_after_ms, 10) / 1000.0)
         return 0
+
+    async def _reserve(self, held: int) -> Any:
+        """One Reserve call for `held` groups under `_reserve_rid`, or None when new weights
+        arrived while the buffer held it. The call is then cancelled; asking again under the
+        same request id is harmless, since the buffer hands back what it granted under it."""
+        self._new_weights.clear()
+        served = getattr(self.engine, "version", None)
+        call = asyncio.ensure_future(
+            self.buffer.reserve(
+                held,
+                rollout_id=self.rollout_id,
+                request_id=self._reserve_rid,
+                served_version=served if isinstance(served, int) else None,
+                wait_ms=self.reserve_wait_ms,
+            )
+        )
+        woke = asyncio.ensure_future(self._new_weights.wait())
+        try:
+            await asyncio.wait({call, woke}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
+        finally:
+            woke.cancel()
+        if call.done():
+            return call.result()
+        call.cancel()
+        await asyncio.gather(call, return_exceptions=True)
+        return None
 
     async def _maybe_catch_up(self, buffer_version: int) -> None:
         """More than η behind the buffer: what we generate now would be dropped as stale,

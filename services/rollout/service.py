@@ -23,6 +23,8 @@ from services.common.weights.disk import MANIFEST_FILE, read_manifest
 from services.core.types import SamplingParams
 from services.rollout.engine.base import EngineBase
 from services.rollout.metrics import RolloutMetrics
+from services.rollout.openai_api.replica import replica_api
+from services.rollout.openai_api.sessions import SessionStore
 from services.rollout.servicer import RolloutServicer
 
 log = logging.getLogger(__name__)
@@ -116,6 +118,9 @@ class RolloutService:
         self._sync_task: asyncio.Task[None] | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self.port = 0
+        # Episodes recorded by the OpenAI-compatible API on the HTTP port (`/sessions/{id}/v1`);
+        # in-process agent workflows open and export sessions here directly.
+        self.sessions = SessionStore()
 
     def ready(self) -> bool:
         return self._ready
@@ -143,6 +148,13 @@ class RolloutService:
             self.ready,
             host=ep.replica_host(self.replica_index),
             port=ep.replica_port(self.replica_index, "metrics_port"),
+            extra=replica_api(
+                self.cfg,
+                self.engine,
+                self.sessions,
+                loop=asyncio.get_running_loop(),
+                metrics=self.metrics.openai_api,
+            ),
         )
         self.http.start()
         self._set_serving(True)
@@ -172,12 +184,12 @@ class RolloutService:
         self._set_serving(self._serving)
 
     def _build_loop(self) -> Any:
-        from services.buffer.client import BufferClient
         from services.core.contracts import WorkflowContext
-        from services.reward.client import RewardClient
         from services.rollout.data.datasets import PromptDataset
         from services.rollout.loop import RolloutLoop
         from services.rollout.workflows.base import RewardServiceScorer, load_workflow
+        from services.wire.buffer_client import BufferClient
+        from services.wire.reward_client import RewardClient
 
         cfg = self.cfg
         s = cfg.services
@@ -200,6 +212,11 @@ class RolloutService:
         )
         self._clients = [buffer, reward]
         sampling = SamplingParams.from_gconfig(cfg.gconfig)
+        processor = None
+        if cfg.rollout.workflow == "vision_rlvr":  # the model's processor renders the prompts
+            from services.common.vision_inputs import load_vision_processor
+
+            processor = load_vision_processor(model_path(cfg))
         ctx = WorkflowContext(
             tokenizer=self.engine.tokenizer,
             sampling=sampling,
@@ -208,15 +225,25 @@ class RolloutService:
             on_reward_failure=lambda status: self.metrics.reward_failures.labels(
                 status=status
             ).inc(),
+            processor=processor,
+            on_images=self.metrics.observe_images,
         )
         kwargs = dict(cfg.rollout.workflow_kwargs)
         if cfg.rollout.workflow == "multi_turn":
             kwargs.setdefault("max_turns", cfg.rollout.max_turns)
             kwargs.setdefault("turn_discount", cfg.rollout.turn_discount)
+        if cfg.rollout.workflow == "agent":
+            kwargs.update(self._agent_workflow_kwargs())
         workflow = load_workflow(cfg.rollout.workflow, ctx, **kwargs)
-        dataset = PromptDataset.from_config(
-            cfg.train_dataset, self.engine.tokenizer, seed=cfg.seed * 1000 + self.replica_index
-        )
+        seed = cfg.seed * 1000 + self.replica_index
+        if processor is not None:
+            from services.rollout.data.vision import VisionPromptDataset
+
+            dataset: PromptDataset = VisionPromptDataset.from_vision_config(
+                cfg.train_dataset, processor, seed=seed
+            )
+        else:
+            dataset = PromptDataset.from_config(cfg.train_dataset, self.engine.tokenizer, seed=seed)
         r = cfg.rollout
         return RolloutLoop(
             engine=self.engine,
@@ -233,6 +260,21 @@ class RolloutService:
             catch_up=self.catch_up,
             on_behind=self._on_behind,
         )
+
+    def _agent_workflow_kwargs(self) -> dict[str, Any]:
+        """What the agent workflow takes from the replica: its sessions (so in-process
+        episodes show on the HTTP API too), its served model name and its metrics."""
+        from services.rollout.openai_api.replica import served_model_names
+
+        cfg = self.cfg
+        return {
+            "agent": cfg.rollout.agent,
+            "sessions": self.sessions,
+            "model_name": served_model_names(str(cfg.actor.path))[0],
+            "turn_discount": cfg.rollout.turn_discount,
+            "metrics": self.metrics.agent,
+            "api_metrics": self.metrics.openai_api,
+        }
 
     async def catch_up(self) -> bool:
         """Load the newest published weights when they are newer than what is served.

@@ -21,6 +21,7 @@ import grpc
 
 from flywheel_proto.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from services.common.codec import completion_to_proto, sampling_from_proto
+from services.common.image_bytes import ImageLimits, images_problem
 from services.common.weights.disk import (
     WeightsPathRefused,
     check_weights_dir,
@@ -42,11 +43,35 @@ from services.rollout.types import UpdateResult
 log = logging.getLogger(__name__)
 
 MAX_COMPLETIONS_PER_REQUEST = 4096
+IMAGE_LIMITS = ImageLimits()  # per prompt, as per trajectory group
 _TRANSPORT_NAMES = {
     rollout_pb2.WEIGHT_TRANSPORT_DISK: "disk",
     rollout_pb2.WEIGHT_TRANSPORT_DISTRIBUTED: "distributed",
     rollout_pb2.WEIGHT_TRANSPORT_GRPC: "grpc",
 }
+
+
+def prompt_images(request: Any, n_prompts: int) -> list[list[bytes]]:
+    """The images of each prompt of a `GenerateRequest` (empty lists for text), checked
+    against the bounds a trajectory group's images obey; `ValueError` names the problem.
+    Images go with `prompt_ids` only: the caller renders them with the model's processor,
+    so the ids hold each image's tokens (the engine checks the count)."""
+    if not request.images:
+        return [[] for _ in range(n_prompts)]
+    if request.prompts:
+        raise ValueError(
+            "images go with prompt_ids rendered by the model's processor, not text prompts"
+        )
+    if len(request.images) != n_prompts:
+        raise ValueError(f"{len(request.images)} image entries for {n_prompts} prompts")
+    out = []
+    for i, entry in enumerate(request.images):
+        data = [bytes(d) for d in entry.data]
+        problem = images_problem(data, IMAGE_LIMITS)
+        if problem is not None:
+            raise ValueError(f"prompt {i}: {problem}")
+        out.append(data)
+    return out
 
 
 class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
@@ -116,6 +141,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             transport, result.ok, result.total_seconds, result.pause_seconds
         )
         self.metrics.weight_version.set(self.engine.version)
+        if result.ok and self.loop is not None:
+            self.loop.weights_changed()  # a held Reserve asks again with the new version
         return result
 
     # ------------------------------------------------------------------- RPCs
@@ -137,6 +164,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                 f"{MAX_COMPLETIONS_PER_REQUEST} completions per request",
             )
         try:
+            images = prompt_images(request, n_prompts)
             if request.prompts:
                 prompts = [render_prompt(self.engine.tokenizer, p)[1] for p in request.prompts]
             else:
@@ -145,7 +173,12 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                 raise ValueError("an empty prompt was given")
             groups = await asyncio.gather(
                 *(
-                    self.engine.agenerate_n(p, sampling, request_id=f"{request.request_id}-{i}")
+                    self.engine.agenerate_n(
+                        p,
+                        sampling,
+                        request_id=f"{request.request_id}-{i}",
+                        **({"images": images[i]} if images[i] else {}),
+                    )
                     for i, p in enumerate(prompts)
                 )
             )
@@ -197,7 +230,11 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
 
             async def run() -> UpdateResult:
                 return await self.engine.update_weights_from_distributed(
-                    manifest, specs, request.bucket_bytes
+                    manifest,
+                    specs,
+                    request.bucket_bytes,
+                    group_name=request.group_name,
+                    forward_group=request.forward_group,
                 )
 
         result = await self._dedup(request.request_id, lambda: self._updating(transport, run))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,6 +33,9 @@ class SeqBatch:
     prompt_lens: torch.Tensor  # [B] int64
     group_index: torch.Tensor  # [B] int64, index into the batch's groups
     turn_ids: torch.Tensor | None = None  # [B, T] int64, multi-turn only
+    # Per row, its group's encoded images (a vision-language run); None for text. The
+    # trainer rebuilds pixel values from them (services/trainer/vision.py).
+    images: tuple[tuple[bytes, ...], ...] | None = None
 
     @property
     def size(self) -> int:
@@ -43,10 +47,10 @@ class SeqBatch:
 
     def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> SeqBatch:
         """A copy with `fn` applied to every tensor field (an absent `turn_ids` stays None)."""
-        changes: dict[str, torch.Tensor] = {}
+        changes: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if value is not None:
+            if isinstance(value, torch.Tensor):
                 changes[f.name] = fn(value)
         return replace(self, **changes)
 
@@ -54,7 +58,10 @@ class SeqBatch:
         """The given rows, trimmed to their own longest sequence."""
         idx = torch.as_tensor(list(rows), dtype=torch.int64)
         width = int(self.seq_lens[idx].max()) if len(idx) else 1
-        return self._map(lambda v: v[idx, :width] if v.dim() == 2 else v[idx])
+        out = self._map(lambda v: v[idx, :width] if v.dim() == 2 else v[idx])
+        if self.images is not None:
+            out = replace(out, images=tuple(self.images[int(i)] for i in idx))
+        return out
 
     def to(self, device: torch.device) -> SeqBatch:
         return self._map(lambda v: v.to(device))
@@ -95,4 +102,7 @@ def from_groups(groups: Sequence[TrajectoryGroup], pad_id: int = 0) -> SeqBatch:
         prompt_lens=torch.tensor([int(t.prompt_len) for _, t in trajs], dtype=torch.int64),
         group_index=torch.tensor([gi for gi, _ in trajs], dtype=torch.int64),
         turn_ids=None if turns is None else torch.from_numpy(turns),
+        images=tuple(tuple(g.images) for g in groups for _ in g.trajectories)
+        if any(g.images for g in groups)
+        else None,
     )

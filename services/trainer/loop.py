@@ -17,7 +17,8 @@ between the two is repaired on resume by acknowledging them again (acks are idem
 The loop owns the order of these steps across ranks; each step's details live in a module of
 its own: `resume.py` (what a restarted trainer does before its first claim, and why),
 `ledger.py` (the acknowledgement counts a crash must not lose), `step_records.py` (the lines
-of `metrics.jsonl`, and how they are put right after a crash), `background_publication.py`
+of `metrics.jsonl`, and how they are put right after a crash), `step_report.py` (where a
+finished step is reported), `background_publication.py`
 (eta > 0: a step's weights published while the next step trains).
 
 A run that reached `total_train_steps` writes `completed.json` next to its checkpoints
@@ -35,7 +36,6 @@ from concurrent.futures import Future
 from typing import Any
 
 from flywheel_proto.v1 import buffer_pb2
-from services.buffer.client import BufferClient, ClaimResult, VersionRegressionError
 from services.common.codec import group_from_proto
 from services.common.config import FlywheelConfig
 from services.core.types import TrajectoryGroup
@@ -50,9 +50,9 @@ from services.trainer.control import Control, SavedCheckpoint
 from services.trainer.dist import broadcast_bytes, broadcast_json
 from services.trainer.io_loop import IOLoop
 from services.trainer.ledger import Ledger
-from services.trainer.metrics import JsonlWriter, TrainerMetrics
+from services.trainer.metrics import TrainerMetrics
 from services.trainer.paths import RunPaths
-from services.trainer.ppo import PPOTrainer, StepResult
+from services.trainer.ppo import PPOTrainer
 from services.trainer.resume import claim_in_flight, record_claim, resume_version
 from services.trainer.step_records import (
     PENDING_RECORDS_DIR,
@@ -60,8 +60,9 @@ from services.trainer.step_records import (
     pending_record_path,
     step_record,
 )
-from services.trainer.tracking import Tracker
+from services.trainer.step_report import StepReporter
 from services.trainer.weight_sync import PublishReport, WeightPublisher
+from services.wire.buffer_client import BufferClient, ClaimResult, VersionRegressionError
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +98,7 @@ class TrainerLoop:
         self.buffer = buffer
         self.publisher = publisher
         self.metrics = metrics
-        self.jsonl = JsonlWriter(paths.metrics_jsonl) if self.ctx.is_main else None
-        self.tracker = Tracker(cfg, paths.run_dir) if self.ctx.is_main else None
+        self.reporter = StepReporter(cfg, paths, control, metrics) if self.ctx.is_main else None
         self.consumer = consumer_id(cfg)
         self.consumed_groups = 0
         self.consumed_trajectories = 0
@@ -187,8 +187,8 @@ class TrainerLoop:
             self._write_exit(1, f"{type(exc).__name__}: {exc}")
             raise
         finally:
-            if self.tracker is not None:
-                self.tracker.close()
+            if self.reporter is not None:
+                self.reporter.close()
         self._write_exit(code, reason)
         return code
 
@@ -354,7 +354,7 @@ class TrainerLoop:
             if self.ctx.is_main:
                 self.control.update(phase="broadcasting")
             t = time.perf_counter()
-            sd = self.trainer.actor.full_state_dict()
+            sd = self.trainer.actor.full_state_dict(for_update=True)
             if self.ctx.is_main and publish:
                 assert self.publisher is not None
                 if not sync and self.cfg.trainer.overlap_weight_publication:
@@ -385,7 +385,16 @@ class TrainerLoop:
                 wall_time=time.time(),
             )
         else:
-            self._record_step(result, phases, ids, time.perf_counter() - t0, report)
+            assert self.reporter is not None
+            self.reporter.record(
+                result,
+                phases,
+                ids,
+                time.perf_counter() - t0,
+                report,
+                step=self.trainer.step,
+                version=self.trainer.version,
+            )
 
     def _io_submit(self, coro: Any) -> Future[Any]:
         assert self.io is not None
@@ -400,7 +409,8 @@ class TrainerLoop:
         t = time.perf_counter()
         report = pending.publication.result()
         waited = time.perf_counter() - t
-        self._record_step(
+        assert self.reporter is not None
+        self.reporter.record(
             pending.result,
             pending.phases,
             pending.ids,
@@ -425,63 +435,6 @@ class TrainerLoop:
         except VersionRegressionError as exc:
             log.warning(
                 "buffer already at a higher version", extra={"want": version, "have": exc.current}
-            )
-
-    def _record_step(
-        self,
-        r: StepResult,
-        phases: dict[str, float],
-        ids: list[str],
-        step_seconds: float,
-        report: Any,
-        *,
-        step: int | None = None,
-        version: int | None = None,
-        wall_time: float | None = None,
-    ) -> None:
-        """Rank 0: the step's record (metrics.jsonl, tracking, Prometheus, control). `step`,
-        `version` and `wall_time` are the step's own when it is recorded after a background
-        publication; by default the trainer's current ones."""
-        step = self.trainer.step if step is None else step
-        version = self.trainer.version if version is None else version
-        record = step_record(
-            r, phases, ids, step_seconds, step=step, version=version, wall_time=wall_time
-        )
-        if report is not None:
-            record["weight_broadcast_seconds"] = report.seconds
-            record["replicas_updated"] = len(report.updated)
-            record["replicas_failed"] = sorted(report.failed)
-        assert self.jsonl is not None
-        self.jsonl.write(record)
-        pending_record_path(self.paths.metrics_jsonl, step).unlink(missing_ok=True)
-        if self.tracker is not None:
-            self.tracker.log(record)
-        if self.metrics is not None:
-            self.metrics.observe_step(record)
-            if report is not None:
-                self.metrics.broadcast_seconds.labels(transport=report.transport).observe(
-                    report.seconds
-                )
-                self.metrics.unhealthy.inc(len(report.failed))
-        skipped = self.control.skipped_updates + r.skipped_updates
-        unhealthy = self.control.unhealthy_replica_updates + (len(report.failed) if report else 0)
-        self.control.update(skipped_updates=skipped, unhealthy_replica_updates=unhealthy)
-        self.control.finish_step(
-            step=step,
-            version=version,
-            stats={k: v for k, v in r.stats.items() if isinstance(v, float)}
-            | {"loss": r.loss, "grad_norm": r.grad_norm, "lr": r.lr},
-        )
-        if step % self.cfg.trainer.log_every_steps == 0:
-            log.info(
-                "step",
-                extra={
-                    "step": step,
-                    "version": version,
-                    "loss": round(r.loss, 5),
-                    "task_reward": r.stats.get("task_reward"),
-                    "seconds": round(step_seconds, 3),
-                },
             )
 
     # -- checkpoints -------------------------------------------------------------------------
@@ -597,7 +550,7 @@ class TrainerLoop:
         )
         self.trainer.version = target_version
         if needs_push:
-            sd = self.trainer.actor.full_state_dict()
+            sd = self.trainer.actor.full_state_dict(for_update=True)
             if self.ctx.is_main:
                 assert self.publisher is not None
                 report = self._io(self.publisher.publish(sd, target_version))

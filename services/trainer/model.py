@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
 from services.common.config import TrainEngineConfig
-from services.common.model_source import resolve_model_path
+from services.common.model_source import auto_model_class, resolve_model_path
 from services.trainer.dist import DistContext
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ def load_hf_model(cfg: TrainEngineConfig, *, critic: bool = False) -> nn.Module:
     A critic is the same backbone with a one-output token-classification head (the value
     of every prefix); a new head starts from the HF initialisation.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+    from transformers import AutoConfig, AutoModelForTokenClassification
 
     if not cfg.path:
         raise ValueError(
@@ -70,9 +70,9 @@ def load_hf_model(cfg: TrainEngineConfig, *, critic: bool = False) -> nn.Module:
                 path, config=hf_cfg, dtype=master, **kwargs
             )
     elif cfg.init_from_scratch:
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), **kwargs)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=master, **kwargs)
+        model = auto_model_class(path).from_config(AutoConfig.from_pretrained(path), **kwargs)
+    else:  # a causal LM, or a vision-language model (image-text-to-text) with its tower
+        model = auto_model_class(path).from_pretrained(path, dtype=master, **kwargs)
     model = model.to(master)
     if cfg.disable_dropout:
         for m in model.modules():

@@ -44,9 +44,9 @@ import torch
 
 from services.common.config import FlywheelConfig
 from services.core.types import SamplingParams
-from services.rollout.client import RolloutClient
 from services.trainer.logprobs import token_logprobs
 from services.trainer.metrics import TrainerMetrics
+from services.wire.rollout_client import RolloutClient
 
 log = logging.getLogger(__name__)
 

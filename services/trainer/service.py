@@ -20,7 +20,6 @@ from typing import Any
 from prometheus_client import CollectorRegistry, write_to_textfile
 
 from flywheel_proto.v1 import trainer_pb2_grpc
-from services.buffer.client import BufferClient
 from services.common.config import FlywheelConfig
 from services.common.grpc_server import ServiceServer
 from services.common.http_app import MetricsServer
@@ -34,6 +33,7 @@ from services.trainer.paths import RunPaths
 from services.trainer.ppo import PPOTrainer
 from services.trainer.servicer import SERVICE_NAME, TrainerServicer
 from services.trainer.weight_sync import WeightPublisher
+from services.wire.buffer_client import BufferClient
 
 log = logging.getLogger(__name__)
 

@@ -21,6 +21,12 @@ Flywheel option AReaL's SFT loss does not have: each answer token's target is
 warm start uses it (services/launcher/warmstart.py): the policy learns to rank the right
 answer first while staying unsure, the gap between greedy and sampled accuracy RL closes.
 
+A vision-language `actor.path` (a local checkpoint whose config has a `vision_config`)
+trains on rows with images (AReaL's VLM shape: question, answer, `images`): the prompt goes
+through the model's processor, each image's placeholder expanded to its image tokens, and
+every row carries its images to the engine, which rebuilds the pixel inputs
+(`sft_vision.py`). Rows with images for a text model are refused.
+
 A config written for AReaL (`examples/math/gsm8k_sft.yaml`) loads as `flywheel run`
 loads it (translated); `--dry-run` prints the resolved config and exits.
 """
@@ -43,7 +49,7 @@ def encode_rows(
     tokenizer: Any, rows: Sequence[dict[str, Any]], prompt_key: str, answer_key: str
 ) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, answer ids + EOS) per row; the prompt through the chat template."""
-    from services.rollout.data.datasets import render_prompt
+    from services.common.datasets import render_prompt
 
     out = []
     for i, row in enumerate(rows):
@@ -56,8 +62,13 @@ def encode_rows(
     return out
 
 
-def sft_batch(examples: Sequence[tuple[list[int], list[int]]], pad_id: int) -> Any:
-    """A right-padded `SeqBatch` whose loss mask covers the answer tokens."""
+def sft_batch(
+    examples: Sequence[tuple[list[int], list[int]]],
+    pad_id: int,
+    images: Sequence[tuple[bytes, ...]] | None = None,
+) -> Any:
+    """A right-padded `SeqBatch` whose loss mask covers the answer tokens; `images`, one
+    tuple per row, rides along for a vision-language model (`SeqBatch.images`)."""
     import torch
 
     from services.trainer.batch import SeqBatch
@@ -87,6 +98,7 @@ def sft_batch(examples: Sequence[tuple[list[int], list[int]]], pad_id: int) -> A
         seq_lens=torch.tensor(lens),
         prompt_lens=torch.tensor(plens),
         group_index=torch.arange(b),
+        images=tuple(images) if images is not None and any(images) else None,
     )
 
 
@@ -134,6 +146,53 @@ def answer_token_loss(engine: Any, mb: Any, label_smoothing: float = 0.0) -> Any
     return smoothed_token_loss(logits, ids, label_smoothing, first_position=first)
 
 
+def check_sft_inputs(cfg: Any, label_smoothing: float) -> None:
+    """Raise `ValueError` for what SFT cannot train on: no optimizer, no data file, a
+    smoothing outside [0, 1), or rows with images for a model that is not known to be a
+    vision-language one (a text model would be trained on the questions without the
+    pictures; a hub id with no local copy cannot be told apart)."""
+    from services.common.config.areal_vision import dataset_has_images, model_has_vision
+
+    if cfg.actor.optimizer is None:
+        raise ValueError("actor.optimizer is null: supervised fine-tuning needs one")
+    if not cfg.train_dataset.path:
+        raise ValueError(
+            "train_dataset.path: SFT needs a JSONL/parquet file of prompts and answers"
+        )
+    if not 0.0 <= label_smoothing < 1.0:
+        raise ValueError(f"label_smoothing={label_smoothing}: expected a value in [0, 1)")
+    if dataset_has_images(cfg.train_dataset.path) and not model_has_vision(cfg.actor.path):
+        raise ValueError(
+            f"train_dataset.path {cfg.train_dataset.path} has images but actor.path "
+            f"{cfg.actor.path} is not a local vision-language checkpoint (no vision_config "
+            "in its config.json): a text model would be trained without the images; point "
+            "actor.path at a VLM directory (docs/vision.md)"
+        )
+
+
+def _encode(
+    cfg: Any, tokenizer: Any, rows: Sequence[dict[str, Any]]
+) -> tuple[list[tuple[list[int], list[int]]], list[tuple[bytes, ...]] | None]:
+    """The examples of `rows` and, for a vision-language `actor.path`, each row's images
+    (the prompt ids then come from the model's processor, `sft_vision.py`)."""
+    from services.common.config.areal_vision import model_has_vision
+
+    ds = cfg.train_dataset
+    if not model_has_vision(cfg.actor.path):
+        return encode_rows(tokenizer, rows, ds.prompt_key, ds.answer_key), None
+    from services.common.vision_inputs import load_vision_processor
+    from services.trainer.sft_vision import encode_vision_rows
+
+    path = Path(ds.path)
+    return encode_vision_rows(
+        load_vision_processor(cfg.actor.path),
+        rows,
+        ds.prompt_key,
+        ds.answer_key,
+        base_dir=path if path.is_dir() else path.parent,
+    )
+
+
 def run_sft(
     cfg: Any,
     *,
@@ -151,29 +210,24 @@ def run_sft(
     import torch
     import torch.distributed as dist
 
+    from services.common.datasets import read_rows
     from services.common.model_source import load_tokenizer
-    from services.rollout.data.datasets import read_rows
     from services.trainer.checkpoint import export_hf
     from services.trainer.dist import init_distributed
     from services.trainer.engine import TrainEngine
     from services.trainer.tracking import Tracker
 
-    if cfg.actor.optimizer is None:
-        raise ValueError("actor.optimizer is null: supervised fine-tuning needs one")
-    if not cfg.train_dataset.path:
-        raise ValueError(
-            "train_dataset.path: SFT needs a JSONL/parquet file of prompts and answers"
-        )
-    if not 0.0 <= label_smoothing < 1.0:
-        raise ValueError(f"label_smoothing={label_smoothing}: expected a value in [0, 1)")
+    check_sft_inputs(cfg, label_smoothing)
     ctx = init_distributed(cfg.trainer.device)
     # The rollout engines' loader: the same ids as the rollouts, on either transformers major.
     tokenizer = load_tokenizer(cfg.tokenizer_path or cfg.actor.path)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     ds = cfg.train_dataset
-    examples = encode_rows(tokenizer, read_rows(ds.path), ds.prompt_key, ds.answer_key)
+    examples, images = _encode(cfg, tokenizer, read_rows(ds.path))
     if ds.max_length is not None:
-        examples = [e for e in examples if len(e[0]) + len(e[1]) <= ds.max_length]
+        keep = [i for i, e in enumerate(examples) if len(e[0]) + len(e[1]) <= ds.max_length]
+        examples = [examples[i] for i in keep]
+        images = [images[i] for i in keep] if images is not None else None
     # Each rank takes every world_size-th row of the global batch (data parallel).
     batch_size = ds.batch_size
     per_epoch = (
@@ -203,7 +257,15 @@ def run_sft(
                 if step >= total:
                     break
                 rows = order[start : start + batch_size][ctx.rank :: ctx.world_size]
-                mb = sft_batch([examples[i] for i in rows], pad_id) if rows else None
+                mb = (
+                    sft_batch(
+                        [examples[i] for i in rows],
+                        pad_id,
+                        [images[i] for i in rows] if images is not None else None,
+                    )
+                    if rows
+                    else None
+                )
                 engine.zero_grad()
                 lr = engine.lr  # the rate this step uses (clip_and_step advances it)
                 token_loss = answer_token_loss(engine, mb, label_smoothing)

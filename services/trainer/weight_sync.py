@@ -16,6 +16,8 @@ the version it now serves.
   found serving an older version than the group last gave it (its server restarted and
   lost the group) makes the group be rebuilt; replicas destroy a group of the same name
   before joining again.
+  With `trainer.weight_fanout: two_level` the trainer broadcasts to one relay replica per
+  node instead, and each relay to its node's replicas (services/trainer/fanout.py).
 - `grpc`: the tensors streamed as chunks to each replica.
 
 Every transport carries plain Hugging Face weights under their original names. A LoRA actor
@@ -57,8 +59,9 @@ from services.common.outage import PeerOutageMetrics
 from services.common.weights.disk import save_weights
 from services.common.weights.distributed import WeightsGroup, send_buckets
 from services.common.weights.manifest import WeightManifest, make_manifest, tensor_specs
-from services.rollout.client import RolloutClient
 from services.trainer.dist import free_port
+from services.trainer.fanout import TwoLevelFanout, node_of
+from services.wire.rollout_client import RolloutClient
 
 if TYPE_CHECKING:
     from services.trainer.parity import ParityProbe
@@ -151,6 +154,7 @@ class WeightPublisher:
         self._group: WeightsGroup | None = None
         self._group_members: list[str] = []
         self._group_version = -1  # the version the group last delivered to every member
+        self.fanout: TwoLevelFanout | None = None  # trainer.weight_fanout: two_level
         self.parity = parity
 
     @property
@@ -164,6 +168,8 @@ class WeightPublisher:
 
     async def close(self) -> None:
         self._drop_group()
+        if self.fanout is not None:
+            self.fanout.close()
         for c in self.clients.values():
             await c.close()
 
@@ -353,6 +359,26 @@ class WeightPublisher:
         self._group_members = []
         self._group_version = -1
 
+    def _group_backend(self) -> str:
+        return (
+            "nccl" if torch.cuda.is_available() and self.cfg.trainer.backend == "nccl" else "gloo"
+        )
+
+    def _two_level(self) -> TwoLevelFanout:
+        if self.fanout is None:
+            addr = self._group_address()
+            self.fanout = TwoLevelFanout(
+                clients=self.clients,
+                nodes=node_of(self.addresses, self.cfg.trainer.weight_fanout_replicas_per_node),
+                address=addr,
+                port=self.cfg.trainer.weights_group_port
+                or free_port("127.0.0.1" if addr in ("127.0.0.1", "localhost") else ""),
+                backend=self._group_backend(),
+                bucket_bytes=self.cfg.trainer.weight_bucket_bytes,
+                timeout_s=self.cfg.rollout.weight_update_timeout,
+            )
+        return self.fanout
+
     async def _ensure_group(self, members: list[str]) -> None:
         if self._group is not None and self._group_members == members:
             return
@@ -362,9 +388,7 @@ class WeightPublisher:
             "127.0.0.1" if addr in ("127.0.0.1", "localhost") else ""
         )
         world, offsets = group_layout(len(members), replica_ranks(self.cfg))
-        backend = (
-            "nccl" if torch.cuda.is_available() and self.cfg.trainer.backend == "nccl" else "gloo"
-        )
+        backend = self._group_backend()
         timeout = self.cfg.rollout.weight_update_timeout
         joins = [
             self.clients[m].init_weights_group(addr, port, offset, world, backend)
@@ -395,6 +419,11 @@ class WeightPublisher:
         alive = [a for a, v in served.items() if v is not None and a in targets]
         outcomes: dict[str, str | None] = {a: "unreachable" for a in targets if a not in alive}
         if not alive:
+            return outcomes
+        if self.cfg.trainer.weight_fanout == "two_level":
+            outcomes.update(
+                await self._two_level().publish(sd, manifest, alive, served, self._guarded)
+            )
             return outcomes
         regressed = [a for a in alive if (served[a] or 0) < self._group_version]
         if self._group is not None and regressed:

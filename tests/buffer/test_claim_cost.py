@@ -15,6 +15,7 @@ import pytest
 import redis
 
 from services.buffer.store import PutItem, RedisStore
+from tests.buffer.conftest import PREFIX
 
 pytestmark = pytest.mark.integration
 
@@ -54,3 +55,35 @@ async def test_claim_and_ack_touch_as_much_at_5000_pending_as_at_10(
     long = await _claim_and_ack_cost(store, redis_url)
     assert short == long, (short, long)
     assert sum(long.values()) < 100  # a few commands per claimed group, not per pending one
+
+
+async def test_release_rollout_reads_only_that_rollouts_reservations(
+    make_store: Callable[..., RedisStore], redis_url: str
+) -> None:
+    """A restarting replica's ReleaseRollout must not read the whole fleet's reservations.
+
+    With 1,024 replicas holding a few reservations each, a scan of every reservation per
+    release grows with the fleet. The per-rollout index (`P:rr:<rollout>`) holds exactly the
+    live reservations of its rollout: fulfilled and released ones leave it at once, so what
+    ReleaseRollout reads is bounded by that replica's own concurrency."""
+    store = make_store(
+        max_concurrent_rollouts=10_000, consumer_batch_size=10_000, queue_size=1 << 40
+    )
+    for r in range(200):
+        assert len((await store.reserve(count=5, rollout_id=f"other{r}")).reservation_ids) == 5
+    mine = (await store.reserve(count=4, rollout_id="mine")).reservation_ids
+    index = redis.Redis.from_url(redis_url)
+    key = f"{PREFIX}:rr:mine"
+    assert sorted(m.decode() for m in index.zrange(key, 0, -1)) == sorted(mine)
+
+    # One fulfilled by a put, one released: both leave the index.
+    item = PutItem("g-mine", 0, 0, 1, b"x", reservation_id=mine[0])
+    assert (await store.put_many([item]))[0].result == "admitted"
+    assert await store.release([mine[1]]) == 1
+    assert sorted(m.decode() for m in index.zrange(key, 0, -1)) == sorted(mine[2:])
+
+    assert await store.release_rollout("mine") == 2
+    assert index.exists(key) == 0
+    assert (await store.capacity()).running == 1000  # every other replica's reservation stays
+    assert await store.release_rollout("other7") == 5
+    assert (await store.capacity()).running == 995

@@ -27,6 +27,7 @@ from services.common.codec import (
 )
 from services.common.config import load_config
 from services.common.grpc_client import make_sync_channel
+from tests.image_samples import encoded
 
 from .conftest import BufferFactory
 from .helpers import make_group
@@ -107,7 +108,18 @@ MUTATIONS: dict[str, Callable[[Msg], None]] = {
     "no generated tokens": lambda m: [
         set_tensor(t, "loss_mask", np.zeros(7, np.int8)) for t in m.trajectories
     ],
+    "an image that is no PNG or JPEG": lambda m: m.images.append(b"GIF89a-not-accepted"),
+    "more images than a group may carry": lambda m: m.images.extend(
+        [encoded(8, 8)] * (CodecLimits().images.max_images + 1)
+    ),
+    "a truncated image": lambda m: m.images.append(encoded(8, 8)[:20]),
 }
+
+
+def test_agrees_with_the_codec_on_a_group_with_images() -> None:
+    m = base()
+    m.images.extend([encoded(56, 56), encoded(9, 7, "JPEG")])
+    assert fast_versions(m) == codec_verdict(m) == (2, 4)
 
 
 def test_agrees_with_the_codec_on_a_valid_group() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -178,3 +180,37 @@ def test_group_level_rejections():
     other = group_to_proto(TrajectoryGroup("g1", [make_traj(gid="g0")]))
     with pytest.raises(CodecError, match="says group 'g0'"):
         group_from_proto(other)
+
+
+# -- images: once per group, encoded bytes, bounded -----------------------------------------
+
+
+def test_group_images_round_trip_byte_for_byte() -> None:
+    from tests.image_samples import encoded
+
+    images = [encoded(56, 56, "PNG"), encoded(31, 20, "JPEG")]
+    g = TrajectoryGroup(group_id="g0", trajectories=[make_traj()], images=images)
+    wire = group_to_proto(g).SerializeToString()
+    back = group_from_proto(common_pb2.TrajectoryGroup.FromString(wire))
+    assert back.images == images  # same bytes, same order
+    text = group_from_proto(group_to_proto(TrajectoryGroup("g1", [make_traj(gid="g1")])))
+    assert text.images == []
+
+
+@pytest.mark.parametrize(
+    ("images", "why"),
+    [
+        (lambda e: [b"not an image"], "image 0: not a PNG or JPEG"),
+        (lambda e: [e(8, 8)] * 3, "3 images (limit 2 per group)"),
+        (lambda e: [e(8, 8), e(8, 8) + b"\0" * 5000], "image 1 has"),
+        (lambda e: [e(101, 100)], "image 0 is 101x100 = 10100 pixels"),
+    ],
+)
+def test_bad_group_images_are_refused_naming_the_group_and_image(images, why) -> None:  # noqa: ANN001
+    from services.common.image_bytes import ImageLimits
+    from tests.image_samples import encoded
+
+    limits = CodecLimits(images=ImageLimits(max_images=2, max_image_bytes=4096, max_pixels=10_000))
+    msg = group_to_proto(TrajectoryGroup("g0", [make_traj()], images=images(encoded)))
+    with pytest.raises(CodecError, match=re.escape(f"group 'g0': {why}")):
+        group_from_proto(msg, limits)

@@ -154,12 +154,19 @@ DOCTOR_ALERTS = {
     "weight_sync": {"FlywheelWeightUpdatesRefused"},
     "weight_parity": {"FlywheelWeightParityOff"},
     "reward_trend": {"FlywheelRewardFlat"},
+    "template_drift": {"FlywheelTemplateDriftHigh"},
+    "agent_episode_failures": {"FlywheelAgentEpisodesFailing"},
+    "tool_failures": {"FlywheelToolFailureRate"},
+    "processor_time": {"FlywheelImageProcessorSlow"},
 }
 """Each `flywheel doctor` check and the alerts that watch the same thing live."""
 NO_ALERT = {
     # step-to-step reward noise against the binomial bound of the batch size: a judgement
     # over a whole run that needs the config, not a threshold on one series
     "task_reward_variance",
+    # whether a run is a vision run is in its config, not in any series: a text run's
+    # groups carry no images by design, so "no images" alone cannot say something is wrong
+    "vision_images",
 }
 
 

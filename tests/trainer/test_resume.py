@@ -1,5 +1,6 @@
 """Resume equivalence with a real buffer on a real Redis and the trainer as its own process:
-4 steps straight == 2 steps, SIGKILL, resume, 2 steps (same losses, same group ids)."""
+4 steps straight == 2 steps, SIGKILL, resume, 2 steps (same losses, same group ids);
+and, at the end, the rules of services/trainer/resume.py on their own."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch
 from services.common.config import FlywheelConfig
 from services.common.redis_server import RedisServer, free_port
 from services.trainer.client import TrainerClient
+from services.trainer.resume import CLAIM_FILE, claim_in_flight, record_claim, resume_version
 from tests.trainer.helpers import synthetic_groups, trainer_config
 from tests.trainer.services import running_buffer, start_trainer, write_config
 
@@ -189,3 +191,42 @@ def test_groups_acked_after_the_checkpoint_are_counted_on_resume(
     trained = [g for r in _steps(cfg) for g in r["group_ids"]]
     assert not set(trained) & set(lost[0]["group_ids"])  # never trained twice
     assert "ledger reconciled with the buffer after a crash" in log.read_text()
+
+
+# ------------------------------------------------------------ the rules of resume.py itself
+
+
+def test_the_claim_in_flight_is_kept_whole_and_the_last_one_wins(tmp_path: Path) -> None:
+    assert claim_in_flight(tmp_path) is None  # no trainer of this run has claimed yet
+    record_claim(tmp_path, "trainer-x:aaa", 3)
+    record_claim(tmp_path, "trainer-x:bbb", 4)
+    assert claim_in_flight(tmp_path) == "trainer-x:bbb"
+    assert json.loads((tmp_path / CLAIM_FILE).read_text()) == {
+        "request_id": "trainer-x:bbb",
+        "step": 4,
+    }
+    assert sorted(p.name for p in tmp_path.iterdir()) == [CLAIM_FILE]  # no temp file left
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "buffer", "replicas", "expected"),
+    [
+        (5, 5, {"r0": 5, "r1": 5}, 5),  # nothing ran past the checkpoint
+        (5, 0, {}, 5),  # a fresh buffer (its version is set from the checkpoint)
+        (5, 9, {"r0": 9}, 10),  # trained and published to 9 after it: 9 + 1
+        (5, 7, {"r0": 7, "r1": 8}, 9),  # a replica saw 8 before the buffer did: 8 + 1
+        (5, 5, {"r0": None, "r1": 6}, 7),  # an unreachable replica says nothing
+        (5, 3, {"r0": 4}, 5),  # behind the checkpoint: the checkpoint's version
+    ],
+)
+def test_restored_weights_never_reuse_a_version_tag(
+    checkpoint: int, buffer: int, replicas: dict[str, int | None], expected: int
+) -> None:
+    v = resume_version(checkpoint, buffer, replicas)
+    assert v == expected
+    seen = [buffer, *(x for x in replicas.values() if x is not None)]
+    # Every token generated so far has v_behave <= max(seen): with v > every version
+    # seen past the checkpoint, v - v_behave >= 1 for all of them, and no tag names two
+    # sets of weights.
+    assert v >= checkpoint
+    assert v == checkpoint or v > max(seen)

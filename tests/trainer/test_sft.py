@@ -196,3 +196,14 @@ def test_label_smoothing_outside_0_1_is_refused(
     config = _sft_config(tmp_path, tiny_model_dir, rows, lr=1e-3)
     assert cli.main(["sft", "--config", str(config), "--label-smoothing", "1.0"]) == 2
     assert "label_smoothing=1.0: expected a value in [0, 1)" in capsys.readouterr().err
+
+
+def test_a_text_model_on_image_rows_is_refused_at_load(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [{"question": "How many?", "answer": "2", "images": ["a.png"]}] * 4
+    # A text model on image rows: the config refuses the text workflow at load (SFT of a
+    # vision-language model on such rows: tests/trainer/test_sft_vision.py).
+    config = _sft_config(tmp_path, tiny_model_dir, rows, lr=1e-3)
+    assert cli.main(["sft", "--config", str(config)]) == 2
+    assert "has images: the rlvr workflow would drop its images" in capsys.readouterr().err

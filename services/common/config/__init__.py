@@ -17,7 +17,13 @@ from .dataset import DatasetConfig
 from .errors import ConfigError, ConfigIssue
 from .generation import GenerationHyperparameters
 from .interpolation import resolve_interpolations
-from .launcher import EvalConfig, LauncherConfig, TinyModelConfig, WarmStartConfig
+from .launcher import (
+    EvalConfig,
+    LauncherConfig,
+    TinyModelConfig,
+    TinyVLMConfig,
+    WarmStartConfig,
+)
 from .loader import load_config, load_raw, to_yaml, validate
 from .normalization import NormConfig
 from .optimizer import OptimizerConfig
@@ -52,6 +58,7 @@ __all__ = [
     "LauncherConfig",
     "RolloutEndpointConfig",
     "TinyModelConfig",
+    "TinyVLMConfig",
     "WarmStartConfig",
     "FSDPEngineConfig",
     "FSDPWrapPolicy",

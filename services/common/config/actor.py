@@ -198,6 +198,13 @@ class PPOActorConfig(TrainEngineConfig):
     max_new_tokens: int = Field(default=1024, ge=1)
     """Generation length limit as the trainer sees it (overlong penalty, Dr.GRPO norm)."""
 
+    freeze_vision_tower: bool = False
+    """Flywheel (verl's name; AReaL has none): keep a vision-language model's vision tower
+    (`model.visual` of Qwen2-VL / Qwen2.5-VL) at its checkpoint weights. Its gradients are
+    off, and weight updates leave its tensors out (every replica already serves them).
+    False trains the whole model and sends the tower with every update. No effect on a
+    text model."""
+
     legacy_keys: ClassVar[dict[str, str]] = {
         "behave_imp_weight_cap": REJECTION_SAMPLING_MIGRATION,
         "behav_imp_weight_cap": REJECTION_SAMPLING_MIGRATION,

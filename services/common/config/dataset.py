@@ -39,14 +39,18 @@ class DatasetConfig(FlywheelModel):
     type: str = "rl"
     """Kind of data set; `rl` rows carry a prompt and an answer for the reward."""
 
-    builtin: Literal["arithmetic"] | None = "arithmetic"
-    """Generated data set used when `path` is null (embedded default)."""
+    builtin: Literal["arithmetic", "counting"] | None = "arithmetic"
+    """Generated data set used when `path` is null: `arithmetic` (the text demo's sums) or
+    `counting` (1-9 coloured shapes on a canvas, "how many?"; a vision run's,
+    `rollout.workflow: vision_rlvr`, drawn at `launcher.tiny_vlm.image_size` pixels)."""
 
     builtin_size: int = Field(default=1024, ge=1)
     """Number of prompts the built-in generator writes."""
 
     prompt_key: str = "prompt"
-    """Column holding the prompt (text, or chat messages)."""
+    """Column holding the prompt (text, or chat messages). A data set with images
+    (`rollout.workflow: vision_rlvr`) falls back to AReaL's `problem`, then `question`, and
+    reads its images from an `images` column (docs/vision.md)."""
 
     answer_key: str = "answer"
     """Column holding the reference answer passed to the reward function."""

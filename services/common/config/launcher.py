@@ -27,12 +27,37 @@ class TinyModelConfig(FlywheelModel):
     """Seed of the initial weights."""
 
 
+class TinyVLMConfig(FlywheelModel):
+    """Shape of the tiny Qwen2-VL written locally when `actor.path` is empty and the run is
+    a vision one (`rollout.workflow: vision_rlvr`); `services/common/tiny_vlm.py`."""
+
+    image_size: int = Field(default=84, ge=28, multiple_of=28)
+    """Side of the square every image is resized to (patch 14 x merge 2 = 28 pixels per
+    image token: 84 gives 9 tokens); the built-in counting images are drawn at this size."""
+
+    hidden_size: int = Field(default=64, ge=32, multiple_of=32)
+    """Language model width (4 heads; a multiple of 32 for the 3-axis rotary sections)."""
+
+    num_layers: int = Field(default=2, ge=1)
+    """Language model decoder layers."""
+
+    vision_dim: int = Field(default=32, ge=8)
+    """Vision transformer width."""
+
+    vision_depth: int = Field(default=2, ge=1)
+    """Vision transformer blocks."""
+
+    seed: int = 0
+    """Seed of the initial weights."""
+
+
 class WarmStartConfig(FlywheelModel):
     """A short supervised phase on generated data before RL (as real recipes start from an
     instruction-tuned model); skipped when `enabled` is false or the model is given.
 
     It is a `flywheel sft` run (the trainer's engine, the answer-token loss, the optimizer's
-    schedule) on the train rows with their answers in the `#### N` form: `steps` is its
+    schedule) on the train rows with their answers in the `#### N` form (a vision run's: the
+    count as written, each row with its image, through the VLM's processor): `steps` is its
     `total_train_steps`, `batch_size` its `train_dataset.batch_size`, `lr`, `warmup_steps`
     and `cosine_decay` its AdamW schedule (no weight decay, clipping at 1), `seed` its data
     order, and `label_smoothing` its loss's label smoothing (`flywheel sft
@@ -74,6 +99,14 @@ class WarmStartConfig(FlywheelModel):
     seed: int = 0
     """Seed of data order."""
 
+    rows_fn: str | None = None
+    """`module:function` that turns the train rows into the warm start's `{"prompt",
+    "answer"}` rows (a prompt may be chat messages; the answer is taught as written). Set,
+    the warm start also runs on a given `actor.path` (written to `<trial dir>/model/sft`,
+    which then replaces it), e.g. the tool-math agent's call-format transcripts
+    (`examples.agents.tool_math_transcripts:warm_start_rows`); unset, only the tiny model
+    is warm-started, on the train rows with their answers in the `#### N` form."""
+
 
 class EvalConfig(FlywheelModel):
     """Held-out evaluation the launcher runs through the rollout and reward services."""
@@ -97,6 +130,9 @@ class LauncherConfig(FlywheelModel):
 
     tiny_model: TinyModelConfig = Field(default_factory=TinyModelConfig)
     """Model written when `actor.path` is empty."""
+
+    tiny_vlm: TinyVLMConfig = Field(default_factory=TinyVLMConfig)
+    """Vision-language model written when `actor.path` is empty in a vision run."""
 
     warm_start: WarmStartConfig = Field(default_factory=WarmStartConfig)
     """Supervised phase before RL."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from dataclasses import field as dataclass_field
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from pydantic import ValidationError
 from . import areal_compat
 from ._base import FlywheelModel, RuleViolation, redact_secrets
 from .areal_compat import Translation
+from .areal_vision import translate_vision, tree_get, vision_problems, vision_sft_text
 from .dataset import is_hub_id, resolve_hub_dataset, reward_for
 from .errors import ConfigError, ConfigIssue
 from .interpolation import resolve_interpolations
@@ -290,6 +291,16 @@ def load_with_report(
             if override not in later:
                 apply_override(raw, override, check=False)
         tree, report.translations = areal_compat.translate(resolve_interpolations(raw))
+        vision = translate_vision(tree)
+        if vision is not None:  # AReaL's VLM examples pick their workflow in Python
+            key, text = vision
+            report.translations.append(Translation(key, tree_get(tree, key), "mapped", text))
+            report.translations = [
+                replace(r, flywheel=vision_sft_text(r.value))
+                if r.key == "train_dataset.type"
+                else r
+                for r in report.translations
+            ]
         for override in later:
             apply_override(tree, override)
         tree = resolve_interpolations(tree)
@@ -297,6 +308,9 @@ def load_with_report(
         tree = _apply_all(raw, overrides)
     problems = [p for p in _resolve_data(tree, report) if _concerns(p, service)]
     config, report.unchecked = validate_for(tree, service)
+    refused = [p for p in vision_problems(tree) if _concerns(p, service)]
+    if refused:  # images would be dropped (or asked of a text model): never a warning
+        raise ConfigError(refused)
     report.service = service
     if problems and require_data:
         raise ConfigError(problems)

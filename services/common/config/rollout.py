@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from ._base import FlywheelModel
+from ._base import FlywheelModel, RuleViolation
+from .agent import AgentConfig
 
 
 class SGLangServerConfig(FlywheelModel):
@@ -88,7 +89,13 @@ class RolloutConfig(FlywheelModel):
     """Flywheel: generation engine, in-process torch (CPU, tests) or an SGLang server."""
 
     workflow: str = "rlvr"
-    """Flywheel: workflow by registered name (`rlvr`, `multi_turn`) or dotted path."""
+    """Workflow by registered name (`rlvr`, `multi_turn`, `agent`: the OpenAI-client agent
+    named by `agent.path`, `vision_rlvr`: AReaL's
+    `VisionRLVRWorkflow`, prompts with images through the model's processor) or dotted path.
+    A vision-language `actor.path` or a data set with images needs `vision_rlvr`."""
+
+    agent: AgentConfig = Field(default_factory=AgentConfig)
+    """The agent of `workflow: agent` (AReaL's `rollout.agent` block): `docs/agents.md`."""
 
     workflow_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Flywheel: extra keyword arguments of the workflow; free-form."""
@@ -134,3 +141,14 @@ class RolloutConfig(FlywheelModel):
     bf16; raise it for larger models). Every transport checks the update's announced size
     (the manifest's `total_bytes`, which must be > 0 and equal the sum of the tensors'
     sizes) against it before allocating, so a caller cannot exhaust the replica's memory."""
+
+    @model_validator(mode="after")
+    def _agent_workflow_names_an_agent(self) -> RolloutConfig:
+        if self.workflow == "agent" and not self.agent.path:
+            raise RuleViolation(
+                "agent.path",
+                self.agent.path,
+                "workflow `agent` runs the agent named here: set its dotted path, e.g. "
+                "`examples.agents.tool_math:run`",
+            )
+        return self

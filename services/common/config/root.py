@@ -170,6 +170,13 @@ class FlywheelConfig(FlywheelModel):
                 "would score tokens under another distribution than the one that sampled "
                 "them; set both to the same value (actor.temperature: ${gconfig.temperature})",
             )
+        if self.trainer.weight_fanout == "two_level" and self.rollout.engine != "torch":
+            raise RuleViolation(
+                "trainer.weight_fanout",
+                "two_level",
+                f"relays re-broadcast in the torch engine, and rollout.engine is "
+                f"{self.rollout.engine!r}; use weight_fanout: flat with SGLang",
+            )
         if self.trainer.backend == "nccl" and self.trainer.device == "cpu":
             raise RuleViolation(
                 "trainer.backend",

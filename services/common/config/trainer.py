@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from ._base import FlywheelModel
+from ._base import FlywheelModel, RuleViolation
 
 
 class TrainerConfig(FlywheelModel):
@@ -114,6 +114,18 @@ class TrainerConfig(FlywheelModel):
     weight_chunk_bytes: int = Field(default=4 << 20, ge=1 << 10)
     """Chunk size of the `grpc` weight transport (bytes per message)."""
 
+    weight_fanout: Literal["flat", "two_level"] = "flat"
+    """Flywheel: topology of the `distributed` transport. `flat`: one group of the trainer's
+    rank 0 and every replica. `two_level`: the trainer broadcasts to one relay replica per
+    node, and each relay re-broadcasts every bucket to its node's replicas in a group of
+    their own (docs/scale.md, "Weight fan-out"): the trainer's group has one rank per node,
+    and a replica that dies or joins re-forms its node's group only. Torch engine only."""
+
+    weight_fanout_replicas_per_node: int = Field(default=0, ge=0)
+    """Flywheel: with `weight_fanout: two_level`, replicas `i` with the same
+    `i // weight_fanout_replicas_per_node` share a node; 0 groups replicas by the host of
+    their address instead (`services.rollout.host` with `{i}` replaced)."""
+
     weights_group_port: int = Field(default=0, ge=0, le=65535)
     """Port of the rendezvous store of the `distributed` weight transport, hosted by the
     trainer's rank 0; 0 picks a free port."""
@@ -125,3 +137,15 @@ class TrainerConfig(FlywheelModel):
     weight_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Dtype of published weights: the fp32 master copy (exact), or half the bytes for
     replicas that serve in bf16/fp16 anyway (SGLang on GPUs)."""
+
+    @model_validator(mode="after")
+    def _check_fanout(self) -> TrainerConfig:
+        if self.weight_fanout == "two_level" and self.weight_transport != "distributed":
+            raise RuleViolation(
+                "weight_fanout",
+                self.weight_fanout,
+                f"a fan-out topology applies to weight_transport: distributed, not "
+                f"{self.weight_transport!r}; set weight_transport: distributed or "
+                "weight_fanout: flat",
+            )
+        return self

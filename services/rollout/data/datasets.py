@@ -6,20 +6,19 @@ config (`prompt_key`, `answer_key`); GSM8K's own `question`/`answer` columns wor
 messages (`[{"role": "user", "content": ...}]`); when the tokenizer has a chat template, text
 prompts are wrapped as one user message and rendered with the generation prompt appended.
 Everything else in a row travels as metadata to the reward function.
+
+Reading the files and rendering a prompt are `services.common.datasets`'s (the trainer's SFT
+entry and the launcher use them too); they are re-exported here.
 """
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-
-class DatasetError(ValueError):
-    """A data set that cannot be used; the message names the file, row and field."""
+from services.common.datasets import DatasetError, read_rows, render_prompt
 
 
 @dataclass
@@ -45,60 +44,24 @@ class PromptRow:
         }
 
 
-def read_rows(path: str | Path) -> list[dict[str, Any]]:
-    """All rows of a `.jsonl`/`.json` or `.parquet` file, or of every such file in a directory."""
-    path = Path(path)
-    if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.suffix in (".jsonl", ".json", ".parquet"))
-        if not files:
-            raise DatasetError(f"{path} holds no .jsonl/.json/.parquet files")
-        return [row for f in files for row in read_rows(f)]
-    if not path.is_file():
-        raise DatasetError(f"dataset file {path} does not exist")
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        return pq.read_table(path).to_pylist()
-    if path.suffix in (".jsonl", ".json"):
-        rows = []
-        with path.open() as fh:
-            text = fh.read()
-        if path.suffix == ".json" and text.lstrip().startswith("["):
-            data = json.loads(text)
-            if not isinstance(data, list):
-                raise DatasetError(f"{path}: a .json data set must be a list of objects")
-            return data
-        for lineno, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DatasetError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
-            if not isinstance(row, dict):
-                raise DatasetError(f"{path}:{lineno}: a row must be a JSON object")
-            rows.append(row)
-        return rows
-    raise DatasetError(f"{path}: unsupported file type {path.suffix!r}; use .jsonl or .parquet")
-
-
-def render_prompt(tokenizer: Any, prompt: str | list[dict[str, Any]]) -> tuple[str, list[int]]:
-    """Text and token ids of a prompt, through the chat template when there is one."""
-    template = getattr(tokenizer, "chat_template", None)
-    if isinstance(prompt, list):
-        if not template:
-            raise DatasetError(
-                "prompt is a list of chat messages but the tokenizer has no chat template"
-            )
-        messages = prompt
-    elif template:
-        messages = [{"role": "user", "content": prompt}]
-    else:
-        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        return prompt, list(ids)
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    return text, list(ids)
+def prompt_row(
+    raw: dict[str, Any],
+    default_id: str,
+    prompt_key: str,
+    answer_key: str,
+    prompt: str | list[dict[str, Any]],
+    ids: list[int],
+    text: str,
+    **extra: Any,
+) -> PromptRow:
+    """A row's prompt as rendered, its answer, its id (`id`, `prompt_id`, else
+    `default_id`) and its other columns (overridden by `extra`) for the reward function."""
+    answer = raw.get(answer_key, "")
+    rest = {k: v for k, v in raw.items() if k not in (prompt_key, answer_key)}
+    pid = str(raw.get("id", raw.get("prompt_id", default_id)))
+    return PromptRow(
+        pid, prompt, "" if answer is None else str(answer), ids, text, {**rest, **extra}
+    )
 
 
 class PromptDataset:
@@ -134,14 +97,13 @@ class PromptDataset:
             if max_length is not None and len(ids) > max_length:
                 self.skipped_too_long += 1
                 continue
-            answer = raw.get(answer_key, "")
-            extra = {k: v for k, v in raw.items() if k not in (key, answer_key)}
-            pid = str(raw.get("id", raw.get("prompt_id", f"{source}:{i}")))
-            self.rows.append(
-                PromptRow(pid, prompt, "" if answer is None else str(answer), ids, text, extra)
-            )
+            self.rows.append(prompt_row(raw, f"{source}:{i}", key, answer_key, prompt, ids, text))
+        self._begin(f"{source}: no usable prompts (max_length={max_length})", shuffle, seed)
+
+    def _begin(self, empty: str, shuffle: bool, seed: int) -> None:
+        """Serve the loaded rows from epoch 0; no rows is a `DatasetError` saying `empty`."""
         if not self.rows:
-            raise DatasetError(f"{source}: no usable prompts (max_length={max_length})")
+            raise DatasetError(empty)
         self.shuffle = shuffle
         self.seed = seed
         self.epoch = 0

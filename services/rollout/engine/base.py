@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.common.weights.disk import load_weights
-from services.common.weights.distributed import WeightsGroup, recv_buckets
+from services.common.weights.distributed import WeightsGroup, recv_buckets, relay_buckets
 from services.common.weights.manifest import TensorSpec, WeightManifest, WeightsError, verify
 from services.core.types import Completion, SamplingParams
 from services.rollout.types import UpdateResult
@@ -58,6 +58,8 @@ class EngineBase(abc.ABC):
         self.stats = EngineStats()
         self._update_lock: asyncio.Lock | None = None
         self._group: WeightsGroup | None = None
+        self._groups: dict[str, WeightsGroup] = {}  # by name (two-level fan-out)
+        self._two_level = False  # joined or received as part of a two-level fan-out
         self.tokenizer: Any = None
 
     # --------------------------------------------------------------- lifecycle
@@ -74,25 +76,53 @@ class EngineBase(abc.ABC):
 
     @abc.abstractmethod
     async def agenerate(
-        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, request_id: str | None = None
+        self,
+        prompt_ids: Sequence[int],
+        sampling: SamplingParams,
+        *,
+        request_id: str | None = None,
+        images: Sequence[bytes] | None = None,
     ) -> Completion:
-        """One completion of `prompt_ids` (n_samples is ignored here; see `agenerate_n`)."""
+        """One completion of `prompt_ids` (n_samples is ignored here; see `agenerate_n`).
+
+        `images` (encoded PNG/JPEG bytes) go with the prompt to a vision-language model; an
+        engine whose model reads no images refuses them (`refuse_images`)."""
 
     async def agenerate_n(
-        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, request_id: str | None = None
+        self,
+        prompt_ids: Sequence[int],
+        sampling: SamplingParams,
+        *,
+        request_id: str | None = None,
+        images: Sequence[bytes] | None = None,
     ) -> list[Completion]:
         """`sampling.n_samples` completions of one prompt, generated concurrently.
 
         With a seed, sample i uses `seed + i`, so a group is reproducible and its samples
         differ from each other.
         """
+        self.refuse_images(images)
+        extra = {"images": list(images)} if images else {}
         rid = request_id or uuid.uuid4().hex
         tasks = []
         for i in range(sampling.n_samples):
             seed = None if sampling.seed is None else sampling.seed + i
             one = SamplingParams(**{**sampling.__dict__, "n_samples": 1, "seed": seed})
-            tasks.append(self.agenerate(prompt_ids, one, request_id=f"{rid}-{i}"))
+            tasks.append(self.agenerate(prompt_ids, one, request_id=f"{rid}-{i}", **extra))
         return list(await asyncio.gather(*tasks))
+
+    accepts_images: bool = False
+    """True once the engine serves a model that reads images (set by `start`)."""
+
+    def refuse_images(self, images: Sequence[bytes] | None) -> None:
+        """Raise `ValueError` when `images` are given to an engine whose model reads none:
+        dropping them would train a text policy on prompts that refer to unseen pictures."""
+        if images and not self.accepts_images:
+            raise ValueError(
+                f"the {self.name} engine serves a text-only model and was given "
+                f"{len(images)} image(s); serve a vision-language model "
+                "(rollout.workflow: vision_rlvr) or drop the images from the data set"
+            )
 
     @abc.abstractmethod
     async def pause(self) -> None:
@@ -200,11 +230,21 @@ class EngineBase(abc.ABC):
         backend: str,
         group_name: str,
     ) -> None:
-        """Join the trainer's broadcast group (blocks until every member has joined)."""
-        if rank == 0:
-            raise WeightsError("rank 0 of the weights group is the trainer; replicas use 1..N")
+        """Join a broadcast group (blocks until every member has joined).
+
+        Rank 1.. receives from rank 0: the trainer's rank 0, or the node's relay in the
+        two-level fan-out. Rank 0 makes this replica a relay, the source of its node's group;
+        the store stays the trainer's (`master_address:master_port`) even then, so no replica
+        ever hosts one."""
         old = self._group
-        self._group = await asyncio.to_thread(
+        same_name = self._groups.pop(group_name, None)
+        if same_name is not None:  # torch refuses a second group under a registered name
+            same_name.release()
+            if same_name is old:
+                self._group = None
+        if rank == 0:
+            self._two_level = True
+        group = await asyncio.to_thread(
             WeightsGroup,
             master_address=master_address,
             master_port=master_port,
@@ -212,30 +252,83 @@ class EngineBase(abc.ABC):
             world_size=world_size,
             backend=backend,
             group_name=group_name,
+            remote_store=True,
         )
-        if old is not None:
+        self._groups[group_name] = group
+        if rank > 0:
+            self._group = group
+        if old is not None and rank > 0:
             log.info("replaced previous weights group")
 
     async def close_weights_group(self) -> None:
-        """Leave the weights group (a collective: the trainer closes its side too)."""
+        """Leave the weights group (a collective: the trainer closes its side too). The
+        groups of the two-level fan-out are left without a barrier: the relays and members
+        of a node do not stop together."""
         group, self._group = self._group, None
-        if group is not None:
+        for other in self._groups.values():
+            if other is not group or self._two_level:
+                other.release()
+        self._groups.clear()
+        if group is not None and not self._two_level:
             await asyncio.to_thread(group.close)
 
+    def _named_group(self, name: str) -> WeightsGroup:
+        group = self._groups.get(name) if name else self._group
+        if group is None:
+            raise WeightsError(
+                f"no weights group {name!r}: call InitWeightsGroup first"
+                if name
+                else "no weights group: call InitWeightsGroup first"
+            )
+        return group
+
+    def _keep_groups(self, *names: str) -> None:
+        """After a two-level update, forget the groups it did not use: the trainer re-forms
+        a group under a new name, so an older one has no other members left."""
+        for name in [n for n in self._groups if n not in names]:
+            self._groups.pop(name).release()
+
     async def update_weights_from_distributed(
-        self, manifest: WeightManifest, specs: Sequence[TensorSpec], bucket_bytes: int
+        self,
+        manifest: WeightManifest,
+        specs: Sequence[TensorSpec],
+        bucket_bytes: int,
+        *,
+        group_name: str = "",
+        forward_group: str = "",
     ) -> UpdateResult:
-        """Receive a broadcast from the trainer's rank 0, verify it, apply it."""
+        """Receive a broadcast (from the trainer's rank 0, or from the node's relay), verify
+        it, apply it. With `forward_group` this replica is its node's relay: every bucket
+        also goes down to that group as it arrives (`relay_buckets`). A failed forward does
+        not fail this replica's own update (its copy is whole and verified); the members
+        fail theirs, and the trainer re-forms the node's group."""
+        forward_error: list[Exception] = []
 
         async def run() -> float:
-            group = self._group
-            if group is None:
-                raise WeightsError("no weights group: call InitWeightsGroup first")
+            group = self._named_group(group_name)
             # Receive even when the version is wrong: the broadcast is collective and the
             # sender would hang on a replica that skipped it.
-            tensors = await asyncio.to_thread(recv_buckets, group, list(specs), bucket_bytes)
+            if forward_group:
+                relayed = await asyncio.to_thread(
+                    relay_buckets, group, self._named_group(forward_group), specs, bucket_bytes
+                )
+                tensors = relayed.tensors
+                if relayed.forward_error is not None:
+                    forward_error.append(relayed.forward_error)
+                    log.warning(
+                        "relay could not forward the update to its node",
+                        extra={"group": forward_group, "error": str(relayed.forward_error)},
+                    )
+            else:
+                tensors = await asyncio.to_thread(recv_buckets, group, list(specs), bucket_bytes)
+            if group_name:
+                self._two_level = True
+                self._keep_groups(group_name, forward_group)
             self._check_version(manifest)
             await asyncio.to_thread(verify, tensors, manifest)
             return await self._apply_verified(tensors, manifest)
 
-        return await self._run_update("distributed", run)
+        result = await self._run_update("distributed", run)
+        if forward_error and result.ok:
+            result.message = f"relayed to {forward_group} failed: {forward_error[0]}"
+        return result

@@ -68,13 +68,12 @@ class HFRunner:
             raise ValueError("HFRunner: a decode step must cover the whole running batch")
         pos = {id(s): i for i, s in enumerate(self._batch)}
         ids = torch.tensor([[s.tokens[-1]] for s in self._batch], device=self.device)
-        positions = torch.tensor([[s.cache_len] for s in self._batch], device=self.device)
         assert self._mask is not None
         mask = torch.cat([self._mask, torch.ones_like(self._mask[:, :1])], dim=1)
         out = self.model(
             input_ids=ids,
             attention_mask=mask,
-            position_ids=positions,
+            position_ids=self._decode_positions(self._batch),
             past_key_values=self._cache,
             use_cache=True,
         )
@@ -96,13 +95,12 @@ class HFRunner:
         for i, s in enumerate(seqs):
             ids[i, lmax - lens[i] :] = torch.tensor(s.tokens, device=self.device)
             mask[i, lmax - lens[i] :] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
         out = self.model(
             input_ids=ids,
             attention_mask=mask,
-            position_ids=positions,
             past_key_values=DynamicCache(),
             use_cache=True,
+            **self._prefill_inputs(seqs, ids, mask),
         )
         for s in seqs:
             s.cache_len = len(s.tokens)
@@ -126,6 +124,18 @@ class HFRunner:
             self._cache = _from_legacy(merged)
             self._batch = [*self._batch, *seqs]
         return out.logits[:, -1]
+
+    def _decode_positions(self, batch: Sequence[RunnerSeq]) -> torch.Tensor:
+        """Position ids `[B, 1]` of the one new token of every row (its index in its own,
+        unpadded sequence). A multimodal runner overrides it (3-axis RoPE positions)."""
+        return torch.tensor([[s.cache_len] for s in batch], device=self.device)
+
+    def _prefill_inputs(
+        self, seqs: Sequence[RunnerSeq], ids: torch.Tensor, mask: torch.Tensor
+    ) -> dict[str, Any]:
+        """Model inputs of a prefill besides ids, mask and cache: positions counting real
+        tokens only (left padding takes none). A multimodal runner adds its images."""
+        return {"position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}
 
 
 def _left_pad(x: torch.Tensor, length: int, dim: int = 2) -> torch.Tensor:

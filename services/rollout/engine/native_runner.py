@@ -213,6 +213,16 @@ class NativeDecoderRunner:
             self._owner[slot], self._owner[last] = mover, None
             mover.slot = slot
 
+    def adopt(self, old: RunnerSeq, new: RunnerSeq) -> None:
+        """Give `old`'s slot, with its cached keys/values, to `new` (prefix reuse: the
+        engine then sets `new.cache_len` to the length of the prefix they share)."""
+        slot = old.slot
+        if slot is None:
+            raise ValueError("adopt(): the old sequence has no slot")
+        old.slot = None
+        self._owner[slot] = new
+        new.slot = slot
+
     def invalidate(self, seqs: Sequence[RunnerSeq]) -> None:
         """Weights changed: every sequence recomputes its keys/values from position 0."""
         for s in seqs:

@@ -47,11 +47,9 @@ import logging
 import os
 import shutil
 import subprocess
-import tempfile
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from services.common.weights.disk import save_weights
@@ -59,10 +57,12 @@ from services.common.weights.manifest import TensorSpec, WeightManifest, Weights
 from services.core.types import Completion, SamplingParams, StopReason
 from services.rollout.engine.base import EngineBase
 from services.rollout.engine.safetensors_headers import check_weights_headers
+from services.rollout.engine.sglang_handover import WeightHandover, handover_dir
 from services.rollout.engine.sglang_protocol import (
     ContextOverflowError,
     SGLangError,
     answer_json,
+    image_data,
     launch_command,
     meta_info,
     parse_generate_response,
@@ -73,15 +73,6 @@ from services.rollout.engine.sglang_protocol import (
 from services.rollout.types import UpdateResult
 
 log = logging.getLogger(__name__)
-
-_HF_SIDECAR_FILES = (
-    "config.json",
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-)
-
 
 CONTROL_CONNECTIONS = 4
 """Connections of the control pool: pause, continue, abort, updates, groups, liveness."""
@@ -116,7 +107,6 @@ class SGLangEngine(EngineBase):
         self.control_timeout = control_timeout
         self.host = host
         self.port = port
-        self.scratch_dir = scratch_dir
         self._proc: subprocess.Popen[bytes] | None = None
         self._gen: Any = None  # generation pool: /generate only
         self._ctl: Any = None  # control pool: everything else
@@ -130,11 +120,20 @@ class SGLangEngine(EngineBase):
         self._updates = 0  # updates this client installed (a piece's answer is checked
         # against the version only when no update happened while it ran)
         self._group_name: str | None = None
-        self._names: set[str] | None = None
+        self._handover = WeightHandover(model_path, scratch_dir)
         self.unknown_names = 0
         """Tensor names sent in updates that the served checkpoint does not have."""
         self.server_restarts = 0
         """Times the server was found back on older weights than this client installed."""
+
+    @property
+    def scratch_dir(self) -> str | None:
+        """The folder weights are handed over in (`WeightHandover.root`)."""
+        return self._handover.scratch_dir
+
+    @scratch_dir.setter
+    def scratch_dir(self, value: str | None) -> None:
+        self._handover.scratch_dir = value
 
     @classmethod
     def from_config(cls, cfg: Any, *, replica_index: int = 0, tokenizer_path: str) -> SGLangEngine:
@@ -184,9 +183,12 @@ class SGLangEngine(EngineBase):
         await self._wait_healthy()
         # A server that already serves published weights (this client restarted, the
         # server did not) says which: serve under that version, not 0.
-        v = server_version((await self.model_info()).get("weight_version"))
+        info = await self.model_info()
+        v = server_version(info.get("weight_version"))
         if v is not None:
             self.version = v
+        # SGLang says whether its model reads images; a text model is sent none.
+        self.accepts_images = bool(info.get("has_image_understanding"))
 
     def _launch(self) -> None:
         import socket
@@ -293,12 +295,20 @@ class SGLangEngine(EngineBase):
             self._group_name = None
 
     async def agenerate(
-        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, request_id: str | None = None
+        self,
+        prompt_ids: Sequence[int],
+        sampling: SamplingParams,
+        *,
+        request_id: str | None = None,
+        images: Sequence[bytes] | None = None,
     ) -> Completion:
+        self.refuse_images(images)
         sampling.validate()
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
             raise ValueError("prompt_ids is empty")
+        # Sent with every piece: a resubmitted piece is the same prompt, images included.
+        media = {"image_data": image_data(images)} if images else {}
         budget = sampling.max_new_tokens
         if sampling.max_tokens > 0:
             budget = min(budget, sampling.max_tokens - len(prompt))
@@ -325,6 +335,7 @@ class SGLangEngine(EngineBase):
                     ),
                     "return_logprob": True,
                     "rid": f"{rid}.{piece}",
+                    **media,
                 }
                 piece += 1
                 try:
@@ -409,75 +420,6 @@ class SGLangEngine(EngineBase):
                 self._resume.set()
         return time.perf_counter() - t0
 
-    def _served_names(self) -> set[str]:
-        """Tensor names of the checkpoint the server was launched with
-        (`model_path/*.safetensors`); empty when it is not readable from here."""
-        if self._names is None:
-            from safetensors import safe_open
-
-            names: set[str] = set()
-            root = Path(self.model_path)
-            for f in sorted(root.glob("*.safetensors")) if root.is_dir() else []:
-                with safe_open(str(f), "pt") as fh:
-                    names.update(fh.keys())
-            self._names = names
-        return self._names
-
-    def _check_names(self, names: Sequence[str], *, refuse: bool) -> None:
-        """SGLang loads the names its model knows and skips the others with only a log
-        line, so misnamed weights (a wrapper's prefix, another architecture) would leave the
-        old weights serving under the new version. Warn about unknown names; with `refuse`,
-        an update none of whose names is known is refused before SGLang sees it."""
-        known = self._served_names()
-        if not known:
-            return
-        unknown = [n for n in names if n not in known]
-        if not unknown:
-            return
-        if refuse and len(unknown) == len(names):
-            raise WeightsError(
-                f"none of the {len(names)} tensor names is a weight of {self.model_path} "
-                f"(e.g. {unknown[0]!r}); SGLang would ignore them all"
-            )
-        self.unknown_names += len(unknown)
-        log.warning(
-            "SGLang will ignore tensor names its model does not have",
-            extra={"count": len(unknown), "names": unknown[:5]},
-        )
-
-    def _handover_root(self) -> Path:
-        """Where prepared folders and streamed weights go: `scratch_dir`, a volume the
-        SGLang server mounts at the same path (never this container's private /tmp)."""
-        if self.scratch_dir is None:
-            raise WeightsError(
-                "no scratch_dir: SGLang reads the weights from its own container, so the "
-                "rollout must write them where both mount (rollout.sglang.scratch_dir)"
-            )
-        root = Path(self.scratch_dir)
-        root.mkdir(parents=True, exist_ok=True)
-        return root
-
-    def _loadable_dir(self, path: str, version: int) -> tuple[str, Path | None]:
-        """The folder SGLang is sent, and what to remove once it has loaded it.
-
-        SGLang loads a folder as a model (`*.safetensors` beside the model's `config.json`).
-        A published folder that lacks the config is prepared in `scratch_dir`: relative
-        links to its safetensors (they resolve wherever the shared volume is mounted, as
-        long as both folders are on it) plus copies of the served model's config and
-        tokenizer files. Nothing is read or copied from the tensors themselves."""
-        src = Path(path)
-        if (src / "config.json").is_file():
-            return str(src), None
-        dst = Path(tempfile.mkdtemp(prefix=f"v{version:08d}-", dir=self._handover_root()))
-        dst.chmod(0o755)  # mkdtemp's 0700 would hide it from a server running as another user
-        for f in sorted(src.glob("*.safetensors")):
-            os.symlink(os.path.relpath(f.resolve(), dst.resolve()), dst / f.name)
-        for name in _HF_SIDECAR_FILES:
-            cand = Path(self.model_path) / name
-            if cand.is_file():
-                shutil.copy(cand, dst / name)
-        return str(dst), dst
-
     async def update_weights_from_disk(
         self, path: str, manifest: WeightManifest | None
     ) -> UpdateResult:
@@ -489,8 +431,10 @@ class SGLangEngine(EngineBase):
             # by SGLang alone.
             names, found = await asyncio.to_thread(check_weights_headers, path, manifest)
             self._check_version(found)
-            self._check_names(names, refuse=True)
-            target, prepared = await asyncio.to_thread(self._loadable_dir, path, found.version)
+            self.unknown_names += self._handover.unknown_names(names, refuse=True)
+            target, prepared = await asyncio.to_thread(
+                self._handover.loadable_dir, path, found.version
+            )
 
             async def send() -> Any:
                 return await self._post(
@@ -512,8 +456,7 @@ class SGLangEngine(EngineBase):
         """gRPC-streamed weights: written as safetensors into `scratch_dir` (where SGLang
         can read them), then loaded from disk."""
         try:
-            scratch = Path(tempfile.mkdtemp(prefix="streamed-", dir=self._handover_root()))
-            scratch.chmod(0o755)
+            scratch = self._handover.scratch("streamed-")
         except (WeightsError, OSError) as exc:
             return UpdateResult(False, self.version, f"tensors: {exc}")
         try:
@@ -578,9 +521,20 @@ class SGLangEngine(EngineBase):
         await self.destroy_weights_group()
 
     async def update_weights_from_distributed(
-        self, manifest: WeightManifest, specs: Sequence[TensorSpec], bucket_bytes: int
+        self,
+        manifest: WeightManifest,
+        specs: Sequence[TensorSpec],
+        bucket_bytes: int,
+        *,
+        group_name: str = "",
+        forward_group: str = "",
     ) -> UpdateResult:
         async def run() -> float:
+            if forward_group:
+                raise WeightsError(
+                    "an SGLang server cannot relay a broadcast; the two-level fan-out "
+                    "(trainer.weight_fanout: two_level) needs the torch engine"
+                )
             if bucket_bytes != 0:
                 raise WeightsError(
                     f"bucket_bytes={bucket_bytes}: SGLang receives one broadcast per tensor; "
@@ -591,7 +545,9 @@ class SGLangEngine(EngineBase):
                 raise WeightsError("no weights group: call InitWeightsGroup first")
             self._check_version(manifest)
             # Only a warning here: refusing now would leave the trainer's broadcast hanging.
-            self._check_names([s.name for s in specs], refuse=False)
+            self.unknown_names += self._handover.unknown_names(
+                [s.name for s in specs], refuse=False
+            )
 
             async def send() -> Any:
                 return await self._post(
@@ -612,15 +568,3 @@ class SGLangEngine(EngineBase):
 
     async def _apply_verified(self, tensors: Mapping[str, Any], manifest: WeightManifest) -> float:
         raise WeightsError("the SGLang engine applies weights through its own endpoints")
-
-
-def handover_dir(cfg: Any) -> str:
-    """`rollout.sglang.scratch_dir`, else `sglang_handover` in the run directory
-    (`<cluster.fileroot>/<experiment_name>/<trial_name>`), the folder the rollout writes
-    weights for SGLang into and names in `/update_weights_from_disk`."""
-    explicit = cfg.rollout.sglang.scratch_dir
-    if explicit:
-        return str(explicit)
-    return os.path.join(
-        cfg.cluster.fileroot, cfg.experiment_name, cfg.trial_name, "sglang_handover"
-    )

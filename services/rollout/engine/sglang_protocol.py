@@ -6,7 +6,10 @@ with a new SGLang version is small, pure and checked against the pinned schema.
 Written against SGLang 0.5.23 (the pinned schema is `tests/rollout/sglang_schema.json`,
 extracted from the wheel by `tools/sglang_schema.py`). Endpoints used:
 
-- `POST /generate` `{"input_ids", "sampling_params", "return_logprob": true, "rid"}` ->
+- `POST /generate` `{"input_ids", "sampling_params", "return_logprob": true, "rid"}`, plus
+  `"image_data": ["data:image/png;base64,...", ...]` for a prompt with images (one data URL
+  per image, in the order of the prompt's image placeholders; `GenerateReqInput.image_data`,
+  decoded by SGLang's `load_image`) ->
   `{"output_ids", "meta_info": {"finish_reason": {"type": "stop"|"length"|"abort"},
   "output_token_logprobs": [[logprob, token_id, text], ...], "weight_version",
   "weight_versions": [{"version", "start", "end"}, ...]}}`; HTTP 400 when the prompt and
@@ -27,10 +30,12 @@ extracted from the wheel by `tools/sglang_schema.py`). Endpoints used:
 
 from __future__ import annotations
 
+import base64
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from services.common.image_bytes import read_header
 from services.core.types import SamplingParams, StopReason
 
 
@@ -150,6 +155,21 @@ def meta_info(data: Any) -> Mapping[str, Any]:
     if isinstance(data, list) and len(data) == 1:
         data = data[0]
     return data.get("meta_info") or {} if isinstance(data, dict) else {}
+
+
+def image_data(images: Sequence[bytes]) -> list[str]:
+    """`/generate`'s `image_data` for one prompt: each encoded image as a `data:` URL.
+
+    SGLang takes, per image, a URL, a server-side file path, or base64 text (with or without
+    a `data:` prefix; `srt/utils/common.py` `get_image_bytes`). Paths would need a volume
+    the server mounts and URLs a server to fetch from, so the bytes travel inline; the
+    `data:` prefix names the format, and a `ValueError` names an image that is neither PNG
+    nor JPEG before the server sees it."""
+    urls = []
+    for data in images:
+        fmt = read_header(data).format
+        urls.append(f"data:image/{fmt};base64,{base64.b64encode(data).decode('ascii')}")
+    return urls
 
 
 def parse_generate_response(data: Any) -> tuple[list[int], list[float], StopReason]:

@@ -20,6 +20,7 @@ loop between steps until `resume()`.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import threading
 import time
@@ -32,7 +33,13 @@ from typing import Any
 
 import torch
 
-from services.common.model_source import load_tokenizer, resolve_model_path
+from services.common.model_source import auto_model_class, load_tokenizer, resolve_model_path
+from services.common.vision_inputs import (
+    VisionProcessor,
+    is_vision_config,
+    load_vision_processor,
+    vision_tower_names,
+)
 from services.common.weights.manifest import (
     WeightManifest,
     WeightsError,
@@ -45,6 +52,7 @@ from services.rollout.engine.hf_runner import HFRunner
 from services.rollout.engine.native_runner import NativeDecoderRunner
 from services.rollout.engine.runner_contract import ModelRunner
 from services.rollout.engine.sampling import RowSampling, sample_next
+from services.rollout.engine.vlm_runner import VisionRunner
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +75,8 @@ class _Request:
     aborted: bool = False
     max_stop_chars: int = 0
     row: RowSampling | None = None
+    cache_key: str | None = None  # keep the KV cache under this key when finished
+    vision: Any = None  # VisionInputs of the prompt's images (a VLM's prefill reads them)
 
     @property
     def n_out(self) -> int:
@@ -116,6 +126,15 @@ class TorchEngine(EngineBase):
         # Called in the engine thread after every step (tracing, tests that need to act at
         # an exact point of a generation, e.g. pause after the fifth token).
         self.on_step: Any = None
+        # Prefix reuse (see `agenerate(cache_key=...)`): finished sequences whose KV cache is
+        # kept in their slot for the next call of the same key, least recently used first.
+        self._parked: collections.OrderedDict[str, _Request] = collections.OrderedDict()
+        self.max_parked = max(1, max_batch_size // 2)
+        self.prefill_tokens = 0  # prompt tokens run through the model at admission
+        self.reused_prefix_tokens = 0  # prompt tokens whose kept KV cache was reused
+        # The image processor of a vision-language model (None for a text model).
+        self.vision: VisionProcessor | None = None
+        self._never_ids: tuple[int, ...] = ()  # token ids no sample may take
 
     # --------------------------------------------------------------- lifecycle
 
@@ -125,17 +144,25 @@ class TorchEngine(EngineBase):
         self._thread.start()
 
     def _load(self) -> None:
-        from transformers import AutoModelForCausalLM
-
         kwargs: dict[str, Any] = {"attn_implementation": "sdpa"}
         if self.dtype_name:
             # `dtype`, not `torch_dtype`: transformers 5 deprecates the old name.
             kwargs["dtype"] = getattr(torch, self.dtype_name)
-        model = AutoModelForCausalLM.from_pretrained(resolve_model_path(self.model_path), **kwargs)
+        model_cls = auto_model_class(self.model_path)  # a VLM loads as image-text-to-text
+        model = model_cls.from_pretrained(resolve_model_path(self.model_path), **kwargs)
         model.to(self.device).eval()  # type: ignore[arg-type]
         model.requires_grad_(False)
         self.model = model
         self.tokenizer = load_tokenizer(self.tokenizer_path)
+        if is_vision_config(model.config):
+            self.vision = load_vision_processor(self.model_path)
+            self.accepts_images = True
+            # Placeholders are never sampled: a generated `<|image_pad|>` stands for no
+            # image, and the trainer could not score the sequence (the model matches image
+            # tokens to images). The recorded log-probabilities stay the model's own.
+            names = ("image_token_id", "video_token_id", "vision_start_token_id")
+            ids = {getattr(model.config, n, None) for n in (*names, "vision_end_token_id")}
+            self._never_ids = tuple(sorted(int(i) for i in ids if i is not None))
         eos: set[int] = set()
         for src in (model.config, getattr(model, "generation_config", None)):
             val = getattr(src, "eos_token_id", None) if src is not None else None
@@ -164,12 +191,16 @@ class TorchEngine(EngineBase):
         kind = self.runner_kind
         if kind not in ("auto", "native", "hf"):
             raise ValueError(f"runner={kind!r}: use 'auto', 'native' or 'hf'")
+        pad = self.tokenizer.pad_token_id if self.tokenizer is not None else 0
+        if self.vision is not None:
+            if kind == "native":
+                raise ValueError("runner='native' cannot run a vision-language model; use 'auto'")
+            return VisionRunner(model, max_slots=self.max_batch_size, pad_id=int(pad or 0))
         ok, why = NativeDecoderRunner.supports(model)
         if kind == "native" and not ok:
             raise ValueError(f"runner='native' cannot run this model: {why}")
         if kind in ("auto", "native") and ok:
             return NativeDecoderRunner(model, max_slots=self.max_batch_size)
-        pad = self.tokenizer.pad_token_id if self.tokenizer is not None else 0
         return HFRunner(model, max_slots=self.max_batch_size, pad_id=int(pad or 0))
 
     async def stop(self) -> None:
@@ -188,11 +219,29 @@ class TorchEngine(EngineBase):
         assert self.runner is not None, "engine not started"
         return self.runner.max_positions
 
+    @property
+    def keeps_prefix_cache(self) -> bool:
+        """Whether `cache_key` reuses KV caches (the native runner can hand a slot over)."""
+        return callable(getattr(self.runner, "adopt", None))
+
     async def agenerate(
-        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, request_id: str | None = None
+        self,
+        prompt_ids: Sequence[int],
+        sampling: SamplingParams,
+        *,
+        request_id: str | None = None,
+        images: Sequence[bytes] | None = None,
+        cache_key: str | None = None,
     ) -> Completion:
+        """One completion. With `cache_key` (a session id), the finished sequence's KV cache
+        stays in its slot, and the next call with the same key prefills only what its
+        prompt adds beyond the longest common prefix with that sequence (the KV of a
+        prefix depends on nothing after it). Kept caches are dropped on a weight update and
+        evicted, least recently used first, when a request needs their slot; requests with
+        images keep nothing."""
         if self.runner is None:
             raise RuntimeError("torch engine not started")
+        self.refuse_images(images)
         sampling.validate()
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
@@ -205,6 +254,11 @@ class TorchEngine(EngineBase):
             raise ValueError(
                 f"prompt of {len(prompt)} tokens leaves no room in {self.max_positions} positions"
             )
+        vision = None
+        if self.vision is not None:
+            if images:
+                vision = await asyncio.to_thread(self.vision.pixel_inputs, list(images))
+            self.vision.check_prompt(prompt, vision)
         limit = min(sampling.max_new_tokens, self.max_positions - len(prompt))
         if sampling.max_tokens > 0:
             limit = min(limit, sampling.max_tokens - len(prompt))
@@ -228,6 +282,8 @@ class TorchEngine(EngineBase):
             generator=gen,
             tokens=prompt,
             max_stop_chars=max((len(s) for s in sampling.stop), default=0),
+            vision=vision,
+            cache_key=cache_key if vision is None and self.keeps_prefix_cache else None,
         )
         with self._cv:
             self._waiting.append(req)
@@ -310,6 +366,8 @@ class TorchEngine(EngineBase):
             for req in [*self._waiting, *self._active]:
                 self._finish(req, "abort")
             self._waiting.clear()
+            for key in list(self._parked):
+                self._drop_kept(key)
 
     def _admit(self) -> None:
         with self._cv:
@@ -318,7 +376,32 @@ class TorchEngine(EngineBase):
                 if req.aborted:
                     self._finish(req, "abort")
                     continue
+                self._reuse_kept(req)
+                while self._parked and len(self._active) + len(self._parked) >= self.max_batch_size:
+                    self._drop_kept(next(iter(self._parked)))
+                self.prefill_tokens += len(req.tokens) - req.cache_len
                 self._active.append(req)
+
+    def _reuse_kept(self, req: _Request) -> None:
+        """Hand the kept sequence of `req.cache_key` (if any) over to `req`: its slot and
+        the KV of the longest common prefix, leaving at least one token to run."""
+        kept = self._parked.pop(req.cache_key, None) if req.cache_key else None
+        if kept is None:
+            return
+        n, limit = 0, min(kept.cache_len, len(req.tokens) - 1)
+        while n < limit and kept.tokens[n] == req.tokens[n]:
+            n += 1
+        if n == 0:
+            self.runner.remove(kept)  # type: ignore[union-attr]
+            return
+        self.runner.adopt(kept, req)  # type: ignore[union-attr]
+        req.cache_len = n
+        self.reused_prefix_tokens += n
+
+    def _drop_kept(self, key: str) -> None:
+        kept = self._parked.pop(key, None)
+        if kept is not None and self.runner is not None:
+            self.runner.remove(kept)
 
     def _step(self) -> None:
         assert self.runner is not None
@@ -348,11 +431,11 @@ class TorchEngine(EngineBase):
         """The row's settings; built once per request unless they change with its length."""
         s = req.sampling
         static = not s.frequency_penalty and req.n_out >= s.min_new_tokens
-        if static and req.row is not None and not req.row.banned_ids:
+        if static and req.row is not None and req.row.banned_ids == self._never_ids:
             return req.row
-        banned: tuple[int, ...] = ()
+        banned: tuple[int, ...] = self._never_ids
         if req.n_out < s.min_new_tokens and req.stop_ids:
-            banned = tuple(sorted(req.stop_ids))
+            banned = tuple(sorted({*req.stop_ids, *self._never_ids}))
         req.row = RowSampling(
             temperature=s.temperature,
             top_p=s.top_p,
@@ -384,7 +467,14 @@ class TorchEngine(EngineBase):
         if req in self._active:
             self._active.remove(req)
         if self.runner is not None:
-            self.runner.remove(req)
+            key = req.cache_key
+            if key and error is None and reason != "abort" and req.slot is not None:
+                self._drop_kept(key)
+                self._parked[key] = req
+                while len(self._parked) > self.max_parked:
+                    self._drop_kept(next(iter(self._parked)))
+            else:
+                self.runner.remove(req)
         self.stats.requests_finished += 1
         if error is not None:
             req.loop.call_soon_threadsafe(_set_exception, req.future, error)
@@ -407,6 +497,9 @@ class TorchEngine(EngineBase):
         if model is None:
             raise WeightsError("engine not started")
         params = dict(model.named_parameters())
+        if self.vision is not None and not tensors.keys() & vision_tower_names(model):
+            # A trainer with a frozen vision tower sends everything but the tower.
+            params = {n: p for n, p in params.items() if n not in vision_tower_names(model)}
         missing = sorted(params.keys() - tensors.keys())
         extra = sorted(tensors.keys() - params.keys())
         if missing or extra:
@@ -463,6 +556,8 @@ class TorchEngine(EngineBase):
         refresh = getattr(self.runner, "refresh_weights", None)
         if refresh is not None:
             refresh()
+        for key in list(self._parked):  # computed by the old weights
+            self._drop_kept(key)
         self.runner.invalidate(self._active)
         self.version = manifest.version
         self.checksum = manifest.checksum

@@ -117,11 +117,14 @@ def make_group(trajectories: list[Trajectory], data: Mapping[str, Any]) -> Traje
 BUILTIN_WORKFLOWS = {
     "rlvr": "services.rollout.workflows.rlvr:RLVRWorkflow",
     "multi_turn": "services.rollout.workflows.multi_turn:MultiTurnWorkflow",
+    "vision_rlvr": "services.rollout.workflows.vision_rlvr:VisionRLVRWorkflow",
+    "agent": "services.rollout.workflows.agent:AgentWorkflow",
 }
 
 
 def resolve_workflow_class(name: str) -> type:
-    """The class `rollout.workflow` names: a built-in (`rlvr`, `multi_turn`) or a dotted path
+    """The class `rollout.workflow` names: a built-in (`rlvr`, `multi_turn`, `vision_rlvr`) or
+    a dotted path
     to a class with `async arun_episode(engine, data)`. Errors name the key and the fix."""
     if name in BUILTIN_WORKFLOWS:
         path = BUILTIN_WORKFLOWS[name]
@@ -139,7 +142,8 @@ def resolve_workflow_class(name: str) -> type:
 
 
 def load_workflow(name: str, ctx: WorkflowContext, **kwargs: Any) -> RolloutWorkflow:
-    """A registered workflow (`rlvr`, `multi_turn`) or a class by dotted path, built as
+    """A registered workflow (`rlvr`, `multi_turn`, `vision_rlvr`) or a class by dotted path,
+    built as
     `cls(ctx, **kwargs)`."""
     workflow = resolve_workflow_class(name)(ctx, **kwargs)
     if not isinstance(workflow, RolloutWorkflow):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from services.core.contracts import InferenceEngine, WorkflowContext
-from services.core.types import ScoreRequest, TrajectoryGroup
+from services.core.types import Completion, ScoreRequest, TrajectoryGroup
 from services.rollout.workflows.base import (
     build_trajectory,
     completion_piece,
@@ -33,6 +33,17 @@ class RLVRWorkflow:
         prompt_ids = list(data["prompt_ids"])
         completions = await engine.agenerate_n(prompt_ids, self.ctx.sampling)
         prompt_text = str(data.get("prompt_text", data.get("prompt", "")))
+        return await self.score_group(prompt_ids, prompt_text, completions, data)
+
+    async def score_group(
+        self,
+        prompt_ids: list[int],
+        prompt_text: str,
+        completions: list[Completion],
+        data: dict[str, Any],
+    ) -> TrajectoryGroup | None:
+        """The group of one prompt's completions, each scored by the reward function (None:
+        dropped under `on_failure: drop_group`)."""
         kwargs = reward_kwargs(data)
         scores = await self.ctx.scorer.score(
             [

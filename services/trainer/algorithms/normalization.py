@@ -187,6 +187,14 @@ def normalize(
     collective in the algorithm core; every rank must call, whatever its mask).
     `per_completion` makes each completion of a per-token input one element (the mean of its
     valid tokens) instead of each token.
+
+    Copies: the statistics are taken in float64 (a copy of the valid values, needed for
+    their accuracy on `[64, 1024]` batches) and the result is a new float32 tensor, except
+    when the mask is empty: then `x` itself comes back when it is float32 already (`.to`
+    does not copy). No defensive copy is made there because nothing in the algorithm core
+    writes into a tensor in place (every step returns new tensors), so sharing storage with
+    the input cannot change it; a caller that means to write into the result in place
+    clones it first.
     """
     _check_levels(mean_level, std_level, mean_leave1out, eps)
     if mask is None:
@@ -268,7 +276,9 @@ def normalize_with(
     process_group: Any = None,
 ) -> Tensor:
     """`normalize` driven by a `NormConfig` (`actor.reward_norm` / `actor.adv_norm`,
-    validated at load); `None` returns `x` (masked) as is."""
+    validated at load); `None` returns `x` (masked) as is: with no mask, `x` itself when it
+    is float32 already. Not copied, for the reason `normalize` gives: the algorithms never
+    write into a tensor in place, and `norm: null` is the common case of the advantages."""
     if norm is None:
         if mask is None:
             return x.to(torch.float32)

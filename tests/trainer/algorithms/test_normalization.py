@@ -432,3 +432,18 @@ def test_batch_level_all_reduce_over_real_gloo_group_equals_single_process() -> 
     # Without the all-reduce each half would use its own statistics (a real difference).
     local = normalize(x[:3], mask[:3], mean_level="batch", std_level="batch")
     assert not torch.allclose(local, whole[:3], atol=1e-3)
+
+
+def test_results_share_the_inputs_storage_only_where_nothing_is_computed() -> None:
+    # The documented copy rule: a computed result is a new tensor (the input is never
+    # written), and the pass-throughs of a float32 input (empty mask; `norm: null` with no
+    # mask) hand back the input itself instead of copying it.
+    x = torch.tensor([[1.0, 2.0], [3.0, 5.0]])
+    before = x.clone()
+    out = normalize(x, mean_level="batch", std_level="batch")
+    assert out.data_ptr() != x.data_ptr()
+    assert torch.equal(x, before)
+    assert normalize(x, torch.zeros(2, 2, dtype=torch.bool)) is x
+    assert normalize_with(x, None) is x
+    masked = normalize_with(x, None, torch.tensor([[True, False], [True, True]]))
+    assert masked.data_ptr() != x.data_ptr() and masked[0, 1] == 0.0
