@@ -41,7 +41,7 @@ import yaml
 from tests.run_configs import tiny_run_config
 
 FLYWHEEL = [sys.executable, "-m", "services.cli"]
-STEPS = 20
+STEPS = 40  # long enough that a fault in its first half finds work in flight
 BATCH = 4  # groups per step (tiny_run_config's rollout.consumer_batch_size)
 ETA = 1
 SAVE_FREQ = 2
@@ -201,7 +201,10 @@ class ChaosRun:
         from services.common.grpc_client import make_sync_channel
 
         if self._buffer_stub is None:
-            services = json.loads((self.run_dir / "services.json").read_text())
+            try:
+                services = json.loads((self.run_dir / "services.json").read_text())
+            except (FileNotFoundError, json.JSONDecodeError):  # not written yet, or half
+                return None
             channel = make_sync_channel(services["buffer"]["grpc"])  # auth off, as configured
             self._buffer_stub = buffer_pb2_grpc.BufferServiceStub(channel)
         try:
@@ -210,26 +213,31 @@ class ChaosRun:
             return None
 
     def inject(self, victim: str, sig: signal.Signals, *, after_checkpoint: bool = False) -> Fault:
-        """Wait until the trainer has made a step (groups are in flight: the rollout works
-        ahead of it by up to eta versions), and a checkpoint when asked, then 2 s and a
-        random 0-1 s more while sampling the buffer's put counter (two seconds of samples
-        before any moment); then send `sig` to `victim`."""
-        self.wait_for("first step", lambda: self.steps() >= 1)
-        if after_checkpoint:
-            self.wait_for("checkpoint", self.has_checkpoint)
+        """Send `sig` to `victim` at a random step of the first half of the run (after a
+        checkpoint when asked): the trainer has made steps and groups are in flight (the
+        rollout works ahead of it by up to eta versions). The moment is a step, not a delay:
+        a step of the tiny model takes about 0.1 s on a quiet machine and seconds on a loaded
+        one, and the fault must land while the run still needs the victim. The buffer's put
+        counter is sampled from its first answer up to the fault."""
+        target = self.rng.randint(2, STEPS // 2)
         samples: list[tuple[float, int]] = []
-        until = time.monotonic() + 2.0 + self.rng.uniform(0.0, 1.0)
         while True:
+            if self.proc.poll() is not None:
+                pytest.fail(
+                    f"run ended ({self.proc.returncode}) before its fault:\n{self.output()}"
+                )
             puts = self.buffer_puts()
             if puts is not None:
                 samples.append((time.monotonic(), puts))
-            if time.monotonic() >= until:
+            if self.steps() >= target and (not after_checkpoint or self.has_checkpoint()):
                 break
-            time.sleep(0.1)
+            time.sleep(0.02)
         pid = self.pids()[victim]
         os.kill(pid, sig)
         fault = Fault(victim, sig, pid, time.monotonic(), samples)
-        print(f"{sig.name} of {victim} (pid {pid}) at step {self.steps()}")
+        at = self.steps()
+        print(f"{sig.name} of {victim} (pid {pid}) at step {at} (aimed at {target})")
+        assert at < STEPS, f"the run outran its fault: step {at} of {STEPS}"
         return fault
 
     def wait_restarted(self, victim: str, before: int = 0) -> None:
