@@ -139,7 +139,9 @@ def save_weights(
         save_file(
             {n: t.detach().cpu().contiguous() for n, t in shard},
             str(tmp),
-            metadata={"flywheel_version": str(manifest.version)},
+            # "format": "pt" is what transformers' loader requires of a safetensors file
+            # that carries metadata at all; without it from_pretrained refuses the shard.
+            metadata={"format": "pt", "flywheel_version": str(manifest.version)},
         )
         os.replace(tmp, directory / fname)
     manifest = WeightManifest(**{**manifest.__dict__, "files": tuple(names)})

@@ -27,6 +27,17 @@ def test_save_load_round_trip_bit_identical(tmp_path: Path) -> None:
     assert_bit_identical(ts, loaded)
 
 
+def test_published_shards_load_with_transformers_own_reader(tmp_path: Path) -> None:
+    # The reference is transformers' `load_state_dict`, the reader `from_pretrained` uses:
+    # it refuses a safetensors file whose metadata lacks a known "format".
+    from transformers.modeling_utils import load_state_dict
+
+    ts = sample_tensors()
+    save_weights(tmp_path / "w", ts, 3)
+    loaded = load_state_dict(str(tmp_path / "w" / "model.safetensors"))
+    assert_bit_identical(ts, loaded)
+
+
 def test_save_with_the_callers_manifest_writes_the_same_update(tmp_path: Path) -> None:
     # The publisher hashes the tensors once and hands the manifest over: same files, same
     # manifest as a save that hashes them itself; a manifest of another version is refused,
