@@ -41,30 +41,39 @@ def vocab_size() -> int:
     return len(SPECIAL_TOKENS) + len(ALPHABET)
 
 
-def build_tokenizer():  # -> tokenizers.Tokenizer
+def build_char_tokenizer(
+    specials: tuple[str, ...] | list[str], alphabet: tuple[str, ...] | list[str], unk: str | None
+):  # -> tokenizers.Tokenizer
     """Train a character-level BPE tokenizer with no merges (one id per character).
 
     BPE with a vocabulary equal to specials + alphabet learns no merges, so every character
     is its own token and the ids are fixed by the trainer's deterministic ordering (specials
-    first, then the alphabet). `Fuse` joins decoded tokens without spaces.
+    first, then the alphabet). `Fuse` joins decoded tokens without spaces. The tiny text
+    model and the tiny VLM both use it, with their own specials and alphabets.
     """
     from tokenizers import Tokenizer, decoders, models, trainers
 
-    tok = Tokenizer(models.BPE(unk_token=UNK_TOKEN))
+    size = len(specials) + len(alphabet)
+    tok = Tokenizer(models.BPE(unk_token=unk))
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size(),
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=list(ALPHABET),
-        limit_alphabet=len(ALPHABET),
+        vocab_size=size,
+        special_tokens=list(specials),
+        initial_alphabet=list(alphabet),
+        limit_alphabet=len(alphabet),
         show_progress=False,
     )
     # The corpus only needs to show the alphabet; vocab_size leaves no room for merges.
-    tok.train_from_iterator(["".join(ALPHABET)], trainer=trainer)
+    tok.train_from_iterator(["".join(alphabet)], trainer=trainer)
     tok.decoder = decoders.Fuse()
     got = tok.get_vocab_size()
-    if got != vocab_size():
-        raise RuntimeError(f"tiny tokenizer has {got} ids, expected {vocab_size()}")
+    if got != size:
+        raise RuntimeError(f"character tokenizer has {got} ids, expected {size}")
     return tok
+
+
+def build_tokenizer():  # -> tokenizers.Tokenizer
+    """The tiny text model's tokenizer: `build_char_tokenizer` over its specials and alphabet."""
+    return build_char_tokenizer(SPECIAL_TOKENS, ALPHABET, UNK_TOKEN)
 
 
 def _settings(

@@ -31,7 +31,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from services.common.tiny_model import _already_written, publish_dir, refuse_foreign_dir
+from services.common.tiny_model import (
+    _already_written,
+    build_char_tokenizer,
+    publish_dir,
+    refuse_foreign_dir,
+)
 
 PAD_TOKEN = "<|endoftext|>"
 EOS_TOKEN = "<|im_end|>"
@@ -72,21 +77,7 @@ def vocab_size() -> int:
 
 def build_tokenizer() -> Any:  # tokenizers.Tokenizer
     """A character-level BPE tokenizer with no merges; the specials are matched whole."""
-    from tokenizers import Tokenizer, decoders, models, trainers
-
-    tok = Tokenizer(models.BPE(unk_token=None))
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size(),
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=list(ALPHABET),
-        limit_alphabet=len(ALPHABET),
-        show_progress=False,
-    )
-    tok.train_from_iterator(["".join(ALPHABET)], trainer=trainer)
-    tok.decoder = decoders.Fuse()
-    if tok.get_vocab_size() != vocab_size():
-        raise RuntimeError(f"tiny VLM tokenizer has {tok.get_vocab_size()} ids, not {vocab_size()}")
-    return tok
+    return build_char_tokenizer(SPECIAL_TOKENS, ALPHABET, None)
 
 
 def _settings(
