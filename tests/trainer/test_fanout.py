@@ -291,6 +291,10 @@ def test_a_dead_relay_hands_its_node_to_the_next_replica(fleet: dict) -> None:
     assert nodes2["node1"].name == nodes["node1"].name
     replicas.start(0)
     replicas.wait(0)
+    # The event the trainer acts on is its own channel answering again: a channel that saw
+    # the replica refuse connections reconnects after a backoff (up to 2 s), and on loaded
+    # cores that can outlast the 5 s probe that lets an unhealthy replica rejoin.
+    fleet["io"].run(fleet["publisher"].clients[r[0]].get_version(), timeout=120)
     _publish_and_check(fleet, seed=17)
     top2, nodes3 = _groups(fleet["publisher"])
     # The replica that came back joins as a member: r1 keeps the relay's place, so the
